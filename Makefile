@@ -1,0 +1,32 @@
+# The README's two commands: `make demo` (the main job) and `make test` (the suite CI runs).
+# Both do all set-up on a fresh machine: virtualenv in .venv, pinned install, demo checkpoint.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+VELA2 := $(VENV)/bin/vela2
+DEMO_CKPT ?= .cache/vela2-demo
+
+.PHONY: install demo test lint bench-queue reliability soak clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -c constraints.txt "torch==2.13.0"
+	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+$(DEMO_CKPT)/config.json: $(VENV)/.installed
+	$(VELA2) init-demo $(DEMO_CKPT)
+
+demo: $(DEMO_CKPT)/config.json
+	$(VELA2) demo --checkpoint $(DEMO_CKPT)
+
+lint: install
+	$(VENV)/bin/ruff check vela2 worker producer bench tests
+
+test: lint
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,146 @@
+"""Checkpoint directories: config.json, model.safetensors (or shards + index), tokenizer.json,
+calibration.json. Release weights keep backbone Linear / Conv1D weights in bf16, everything else
+(embeddings, norms, biases, heads) in fp32. Loading never touches the network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+from torch import nn
+
+from vela2.calibration import Calibration
+from vela2.config import Vela2Config
+from vela2.errors import CheckpointError
+from vela2.modeling import Vela2Model, build_backbone
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+def _bf16_weight_names(model: Vela2Model) -> set[str]:
+    """Names of backbone matmul weights (nn.Linear and GPT-2 style Conv1D) stored in bf16."""
+    names = set()
+    for mod_name, mod in model.backbone.named_modules():
+        if isinstance(mod, nn.Linear) or type(mod).__name__ == "Conv1D":
+            names.add(f"backbone.{mod_name}.weight")
+    return names
+
+
+def release_state_dict(model: Vela2Model) -> dict[str, torch.Tensor]:
+    """The state dict as stored: backbone matmul weights bf16, the rest fp32, contiguous, on CPU."""
+    bf16 = _bf16_weight_names(model)
+    out = {}
+    for name, t in model.state_dict().items():
+        dtype = torch.bfloat16 if name in bf16 else torch.float32
+        out[name] = t.detach().to("cpu", dtype).contiguous()
+    return out
+
+
+def save(model: Vela2Model, path: str | Path, *, shard_max_bytes: int | None = None) -> None:
+    """Write a checkpoint directory; with `shard_max_bytes`, weights go to shards plus an index."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.write(path)
+    model.tokenizer.save(str(path / "tokenizer.json"))
+    model.calibration.write(path)
+    state = release_state_dict(model)
+    for stale in [path / WEIGHTS, path / INDEX, *path.glob("model-*-of-*.safetensors")]:
+        stale.unlink(missing_ok=True)
+    if shard_max_bytes is None:
+        save_file(state, str(path / WEIGHTS), metadata={"format": "pt"})
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > shard_max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / fname), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, fname))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+    """tensor name -> file holding it."""
+    if (path / INDEX).is_file():
+        index = json.loads((path / INDEX).read_text())
+        return {name: path / fname for name, fname in index["weight_map"].items()}
+    if (path / WEIGHTS).is_file():
+        with safe_open(str(path / WEIGHTS), framework="pt") as f:
+            return dict.fromkeys(f.keys(), path / WEIGHTS)
+    raise CheckpointError(f"{path} holds neither {WEIGHTS} nor {INDEX}")
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Vela2Model:
+    """Load a checkpoint directory onto `device`.
+
+    `dtype` is the dtype the backbone is held in: float32 (runs precision fp32 and bf16 autocast,
+    from the stored bf16 matmul weights upcast exactly) or bfloat16 (bf16 only, half the memory).
+    Heads are always fp32. The model is built on the meta device, so a 9B export needs no
+    random initialisation and no second copy in host memory.
+    """
+    path = Path(path)
+    config = Vela2Config.read(path)
+    tok_path = path / "tokenizer.json"
+    if not tok_path.is_file():
+        raise CheckpointError(f"{tok_path} does not exist")
+    tokenizer = Tokenizer.from_file(str(tok_path))
+    calibration = Calibration.read(path)
+    with torch.device("meta"):
+        model = Vela2Model(config, tokenizer, calibration, build_backbone(config))
+    model.to_empty(device=device)
+    expected = set(model.state_dict())
+    files = _weight_files(path)
+    missing, unexpected = expected - set(files), set(files) - expected
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint tensors do not match the config: missing {sorted(missing)[:5]} "
+            f"({len(missing)}), unexpected {sorted(unexpected)[:5]} ({len(unexpected)})"
+        )
+    params = dict(model.state_dict(keep_vars=True))
+    by_file: dict[Path, list[str]] = {}
+    for name, f in files.items():
+        by_file.setdefault(f, []).append(name)
+    with torch.no_grad():
+        for f, names in by_file.items():
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in names:
+                    t = sf.get_tensor(name)
+                    target = params[name]
+                    if t.shape != target.shape:
+                        raise CheckpointError(f"{name}: stored shape {tuple(t.shape)}; config expects "
+                                              f"{tuple(target.shape)}")
+                    target.copy_(t.to(target.dtype))
+    _rebuild_rotary(model.backbone, device)
+    model.backbone.to(dtype)
+    model.eval()
+    log.info("loaded %s from %s on %s (%s backbone)", config.name, path, device, dtype)
+    return model
+
+
+def _rebuild_rotary(backbone: nn.Module, device) -> None:
+    """Recompute non-persistent buffers (rotary inv_freq) that meta construction left empty."""
+    for name, mod in list(backbone.named_modules()):
+        if hasattr(mod, "inv_freq") and hasattr(mod, "config"):
+            fresh = type(mod)(config=mod.config).to(device)
+            parent = backbone.get_submodule(name.rsplit(".", 1)[0]) if "." in name else backbone
+            setattr(parent, name.rsplit(".", 1)[-1], fresh)
+    leftover = [n for n, b in backbone.named_buffers() if b.is_meta]
+    if leftover:
+        raise CheckpointError(f"buffers left uninitialised after loading: {leftover[:5]}")

@@ -1,0 +1,120 @@
+"""The `vela2` command line: thin, each subcommand calls into the packages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from vela2.errors import InvalidRequest, Vela2Error
+
+
+def _load(checkpoint: str, device: str, precision: str):
+    import torch
+
+    import vela2
+
+    # bf16 serving holds the backbone in bf16 (half the memory); fp32 holds it in fp32.
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    return vela2.load(checkpoint, device=device, dtype=dtype)
+
+
+def read_jsonl(path: str) -> list[tuple[Any, Vela2Error | None]]:
+    """Lines of a JSONL file (`-` = stdin), each decoded or paired with the error that names it."""
+    fh = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+    out: list[tuple[Any, Vela2Error | None]] = []
+    with fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append((json.loads(line), None))
+            except json.JSONDecodeError as e:
+                out.append(({"id": f"line-{n}"}, InvalidRequest(f"line {n} is not valid JSON: {e.msg} "
+                                                              f"at column {e.colno}")))
+    return out
+
+
+def cmd_init_demo(args: argparse.Namespace) -> int:
+    from vela2.demo import init_demo
+
+    path = init_demo(args.dir)
+    print(f"demo checkpoint written to {path}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from vela2.schemas import error_result
+    from vela2.systemone import predict_mixed
+
+    model = _load(args.checkpoint, args.device, args.precision)
+    lines = read_jsonl(args.input)
+    objs = [dict(obj, units=True) if args.units and isinstance(obj, dict) and "text" in obj else obj
+            for obj, err in lines if err is None]
+    answers = iter(predict_mixed(model, objs, precision=args.precision, max_batch_tokens=args.max_batch_tokens))
+    out = sys.stdout if args.out in (None, "-") else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
+    n_err = 0
+    with out:
+        for obj, err in lines:
+            result = error_result(obj["id"], None, err).to_json_dict() if err else next(answers)
+            n_err += result.get("status") == "error"
+            out.write(json.dumps(result, ensure_ascii=False) + "\n")
+    print(f"{len(lines)} lines, {n_err} errors", file=sys.stderr)
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from vela2.fitting import calibrate_command
+
+    return calibrate_command(args.checkpoint, args.dev, out=args.out, report_path=args.report,
+                             device=args.device, precision=args.precision)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vela2", description="Vela 2 streaming scorer")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("init-demo", help="write the deterministic demo checkpoint")
+    s.add_argument("dir")
+    s.set_defaults(func=cmd_init_demo)
+
+    s = sub.add_parser("predict", help="score a JSONL file of rows / SystemOne requests, no queue")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("input", help="JSONL file, '-' for stdin")
+    s.add_argument("--out", help="output JSONL (default stdout)")
+    s.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--units", action="store_true", help="span answers carry every word's units")
+    s.add_argument("--max-batch-tokens", type=int, default=16_384)
+    s.set_defaults(func=cmd_predict)
+
+    s = sub.add_parser("calibrate", help="fit calibration.json from labelled rows")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("dev", help="labelled JSONL (rows with 'gold')")
+    s.add_argument("--out", help="write calibration here instead of into the checkpoint")
+    s.add_argument("--report", help="write the before/after report as JSON")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--precision", choices=["bf16", "fp32"], default="fp32")
+    s.set_defaults(func=cmd_calibrate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except Vela2Error as e:
+        print(f"vela2 {args.command}: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"vela2 {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

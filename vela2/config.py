@@ -1,0 +1,101 @@
+"""Static configuration: request limits, the checkpoint config dataclass and its defaults."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vela2.errors import CheckpointError
+
+TASK_TYPES = ("choice", "score", "set", "span")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard limits on one request; anything above gets a `limit_exceeded` error naming the value."""
+
+    max_text_chars: int = 2_000_000  # characters of one row's text (all SystemOne fields together)
+    max_text_words: int = 65_536  # words after splitting; longer texts are refused, never truncated
+    max_questions: int = 32  # question blocks bundled over one text
+    max_options: int = 64  # options of one choice / score / set question
+    max_labels: int = 64  # labels of one span question
+    max_item_chars: int = 256  # characters of one option or label
+    max_question_chars: int = 4_000  # characters of one question text
+    max_id_chars: int = 256  # characters of a request id
+    max_tasks: int = 32  # tasks of one SystemOne request
+    max_fields: int = 32  # fields of one SystemOne JSON input
+    max_message_bytes: int = 8_000_000  # bytes of one queue message (the worker refuses larger ones)
+
+
+LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Marker tokens the renderer inserts; each must be a single token in the tokenizer."""
+
+    pad: str = "[PAD]"
+    bos: str = "[BOS]"
+    question: str = "[Q]"  # opens a question block
+    sep: str = "[SEP]"  # ends the question text, before the options / labels
+    option: str = "[OPT]"  # one after each option's text; the option head reads it
+    abstain: str = "[ABS]"  # the abstain marker of choice / score blocks
+    label: str = "[LBL]"  # one after each span label's text; the span head reads it
+    unk: str = "[UNK]"
+
+    def all(self) -> list[str]:
+        return list(asdict(self).values())
+
+
+@dataclass(frozen=True)
+class HeadsConfig:
+    option_hidden: int  # width of the option head's hidden layer
+    span_dim: int  # width of the bilinear word x label space of span head v2
+
+
+@dataclass(frozen=True)
+class Vela2Config:
+    """The checkpoint's config.json: backbone (a transformers decoder config) plus our heads."""
+
+    name: str  # model name; SystemOne requests must name it
+    backbone: dict[str, Any]  # a transformers config dict: model_type qwen2 / llama / ...
+    heads: HeadsConfig
+    special_tokens: SpecialTokens = field(default_factory=SpecialTokens)
+    max_window_tokens: int = 2048  # longest sequence one window may have (context + longest block)
+    window_overlap_words: int = 64  # words shared by consecutive windows of a long text
+    model_type: str = "vela2"
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.backbone.get("hidden_size") or self.backbone["n_embd"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Vela2Config:
+        if d.get("model_type") != "vela2":
+            raise CheckpointError(f"config.json model_type must be 'vela2'; got {d.get('model_type')!r}")
+        for key in ("name", "backbone", "heads"):
+            if key not in d:
+                raise CheckpointError(f"config.json lacks the key {key!r}")
+        return cls(
+            name=d["name"],
+            backbone=dict(d["backbone"]),
+            heads=HeadsConfig(**d["heads"]),
+            special_tokens=SpecialTokens(**d.get("special_tokens", {})),
+            max_window_tokens=int(d.get("max_window_tokens", 2048)),
+            window_overlap_words=int(d.get("window_overlap_words", 64)),
+        )
+
+    @classmethod
+    def read(cls, path: str | Path) -> Vela2Config:
+        p = Path(path) / "config.json"
+        if not p.is_file():
+            raise CheckpointError(f"{p} does not exist")
+        return cls.from_dict(json.loads(p.read_text()))
+
+    def write(self, path: str | Path) -> None:
+        (Path(path) / "config.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")

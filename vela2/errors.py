@@ -1,0 +1,61 @@
+"""The exception hierarchy of the whole project.
+
+Every error a user can cause maps to one class here; its ``code`` is the ``error.type`` of the
+failed result, and its message names the field, the limit and the value given.
+"""
+
+from __future__ import annotations
+
+
+class Vela2Error(Exception):
+    """Base class of every error raised on purpose by vela2, worker and producer."""
+
+    code = "internal_error"
+
+
+class InvalidRequest(Vela2Error, ValueError):
+    """A request (row or SystemOne) that cannot be answered as sent."""
+
+    code = "invalid_request"
+
+
+class LimitExceeded(InvalidRequest):
+    """A request over a documented limit (text length, options, labels, tasks, message size)."""
+
+    code = "limit_exceeded"
+
+
+class ModelMismatch(InvalidRequest):
+    """A SystemOne request naming a model other than the loaded checkpoint."""
+
+    code = "model_mismatch"
+
+
+class CheckpointError(Vela2Error):
+    """A checkpoint directory that is missing files or holds inconsistent tensors."""
+
+    code = "checkpoint_error"
+
+
+class PrecisionError(Vela2Error, ValueError):
+    """A precision the loaded model cannot run (fp32 asked of a model held in bf16)."""
+
+    code = "precision_error"
+
+
+class ModelError(Vela2Error):
+    """The model failed on a batch even after splitting it down to this request alone."""
+
+    code = "model_error"
+
+
+class Expired(Vela2Error):
+    """The request's deadline passed before it was scored."""
+
+    code = "expired"
+
+
+class ConfigError(Vela2Error, ValueError):
+    """A worker or producer setting that is inconsistent (e.g. visibility timeout too short)."""
+
+    code = "config_error"

@@ -1,0 +1,253 @@
+"""The steps every scoring path runs, one implementation each: prepare, pack, run_batch, finish.
+
+predict() runs them in order over a list of rows; the worker engine runs the same functions with
+its own scheduling (buffering, buckets, retries). Nothing here knows about queues.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from vela2.calibration import choice_probs, expected_value, sigmoid
+from vela2.modeling import HeadInputs, Vela2Model
+from vela2.rendering import RenderedRow, Sequence, render_row
+from vela2.schemas import Answer, Row, RowResult, SpanOut, Status, Units, parse_row, split_task
+from vela2.spans import decode_spans, rules_for
+
+
+@dataclass
+class Prepared:
+    """A validated, rendered row waiting for its sequences' outputs."""
+
+    row: Row
+    rendered: RenderedRow
+    render_ms: float
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        return self.rendered.sequences
+
+
+@dataclass
+class SeqOutput:
+    """Raw fp32 head outputs of one sequence, per question block."""
+
+    options: dict[int, np.ndarray] = field(default_factory=dict)  # question -> (markers,) logits
+    spans: dict[int, np.ndarray] = field(default_factory=dict)  # question -> (W_window, K) logits
+
+
+def prepare(model: Vela2Model, obj: Any) -> Prepared:
+    """Validate a row (dict or Row) and render it; raises InvalidRequest / LimitExceeded."""
+    t0 = time.perf_counter()
+    row = parse_row(obj)
+    rendered = render_row(row, model.tokenizer, model.config, model.calibration.default_questions)
+    return Prepared(row, rendered, (time.perf_counter() - t0) * 1e3)
+
+
+def pack(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
+    """Token-budget packing: indices grouped into batches whose padded cost (longest x count) stays
+    within `max_batch_tokens`. Longest first, so each batch holds similar lengths; a sequence longer
+    than the budget gets a batch of its own. Every index lands in exactly one batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = lengths[current[0]] if current else lengths[i]
+        if current and longest * (len(current) + 1) > max_batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class _Layout:
+    """Where each sequence's blocks landed in the flat head outputs of one batch."""
+
+    options: list[list[tuple[int, slice]]]  # per sequence: (question, slice into option logits)
+    words: list[slice]  # per sequence: slice into word projections
+    labels: list[list[tuple[int, slice]]]  # per sequence: (question, slice into label projections)
+
+
+def collate(sequences: list[Sequence], pad_id: int, device: torch.device):
+    """Pad a list of sequences into batch tensors plus the head gather indices.
+
+    Returns input_ids (B, L), position_ids (B, L), parts (B, L) with -1 on padding, HeadInputs, layout.
+    """
+    B, L = len(sequences), max(s.num_tokens for s in sequences)
+    ids = np.full((B, L), pad_id, dtype=np.int64)
+    pos = np.zeros((B, L), dtype=np.int64)
+    parts = np.full((B, L), -1, dtype=np.int64)
+    opt_idx: list[tuple[int, int]] = []
+    word_idx: list[tuple[int, int]] = []
+    label_idx: list[tuple[int, int]] = []
+    layout = _Layout([], [], [])
+    for b, s in enumerate(sequences):
+        n = s.num_tokens
+        ids[b, :n] = s.input_ids
+        pos[b, :n] = s.position_ids
+        parts[b, :n] = s.parts
+        w0 = len(word_idx)
+        has_span = any(blk.task.startswith("span:") for blk in s.blocks)
+        if has_span:
+            word_idx.extend((b, p) for p in s.word_positions)
+        layout.words.append(slice(w0, len(word_idx)))
+        seq_opts, seq_labels = [], []
+        for blk in s.blocks:
+            target, out = (label_idx, seq_labels) if blk.task.startswith("span:") else (opt_idx, seq_opts)
+            k0 = len(target)
+            target.extend((b, p) for p in blk.markers)
+            out.append((blk.question, slice(k0, len(target))))
+        layout.options.append(seq_opts)
+        layout.labels.append(seq_labels)
+
+    def t(x: list[tuple[int, int]]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.long).reshape(-1, 2).to(device, non_blocking=True)
+
+    tensors = [torch.from_numpy(a).to(device, non_blocking=True) for a in (ids, pos, parts)]
+    return (*tensors, HeadInputs(t(opt_idx), t(word_idx), t(label_idx)), layout)
+
+
+@torch.inference_mode()
+def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str) -> list[SeqOutput]:
+    """One forward pass over any mix of sequences; returns raw fp32 head outputs per sequence."""
+    ids, pos, parts, idx, layout = collate(sequences, model.special_ids["pad"], model.device)
+    hidden = model.encode(ids, pos, parts, precision)  # (B, L, H) fp32
+    opt, words, labels = model.heads(hidden, idx)  # (M,), (N, D), (K, D)
+    # Span logits per block: (W_window, D) @ (D, K) on the device, then one copy to the host.
+    span_blocks = []
+    for b, seq_labels in enumerate(layout.labels):
+        for q, sl in seq_labels:
+            span_blocks.append((b, q, words[layout.words[b]] @ labels[sl].T * model.span_head.scale
+                                + model.span_head.bias))
+    opt_host = opt.float().cpu().numpy()
+    span_host = [x.float().cpu().numpy() for _, _, x in span_blocks]
+    outs = [SeqOutput() for _ in sequences]
+    for b, seq_opts in enumerate(layout.options):
+        for q, sl in seq_opts:
+            outs[b].options[q] = opt_host[sl]
+    for (b, q, _), arr in zip(span_blocks, span_host, strict=True):
+        outs[b].spans[q] = arr
+    return outs
+
+
+def merge_span_windows(rendered: RenderedRow, outputs: list[SeqOutput], question: int) -> np.ndarray:
+    """Per-word span logits (W, K) of the whole text from its windows.
+
+    A word's logits come from the window where it sits farthest from a cut edge (a window edge that
+    is not the text's own start or end); ties go to the earlier window.
+    """
+    n_words = rendered.num_words
+    first = outputs[0].spans[question]
+    merged = np.zeros((n_words, first.shape[1]), dtype=np.float32)
+    best = np.full(n_words, -1.0)
+    for seq, out in zip(rendered.sequences, outputs, strict=True):
+        ws, n = seq.word_start, seq.num_words
+        local = np.arange(n, dtype=np.float64)
+        left = local if ws > 0 else np.full(n, np.inf)
+        right = (n - 1 - local) if ws + n < n_words else np.full(n, np.inf)
+        dist = np.minimum(left, right)
+        take = dist > best[ws : ws + n]
+        merged[ws : ws + n][take] = out.spans[question][take]
+        best[ws : ws + n][take] = dist[take]
+    return merged
+
+
+def pool_option_windows(outputs: list[SeqOutput], question: int) -> np.ndarray:
+    """Option logits of a question pooled over windows: the mean of the windows' raw logits."""
+    return np.mean(np.stack([o.options[question] for o in outputs]), axis=0)
+
+
+def _segments(row: Row, offsets: np.ndarray, allowed: list[str] | None) -> np.ndarray | None:
+    """Field id per word (-1 outside any allowed field), or None when the row has no fields."""
+    if not row.fields:
+        return None
+    seg = np.full(offsets.shape[0], -1, dtype=np.int64)
+    for f_i, f in enumerate(row.fields):
+        if allowed is not None and f.name not in allowed:
+            continue
+        inside = (offsets[:, 0] >= f.start) & (offsets[:, 1] <= f.end)
+        seg[inside] = f_i
+    return seg
+
+
+def _span_answer(model: Vela2Model, prep: Prepared, q: int, task: str, logits: np.ndarray) -> Answer:
+    row, offsets = prep.row, prep.rendered.offsets
+    labels = row.questions[q].labels or []
+    cal = model.calibration
+    probs = sigmoid(logits.astype(np.float64) / cal.T_span)  # (W, K)
+    seg = _segments(row, offsets, row.questions[q].fields)
+    spans, gate = decode_spans(row.text, offsets, probs, labels, rules_for(cal, task, labels), seg)
+    if row.fields:
+        spans = [_to_field(s, row) for s in spans]
+    visible = probs if seg is None else probs[seg >= 0]
+    answer = Answer(
+        question=q, task=task,
+        probs={lab: float(visible[:, k].max()) if visible.shape[0] else 0.0 for k, lab in enumerate(labels)},
+        spans=spans, gate_fired=gate if cal.is_pii(task) else None,
+    )
+    if row.units:
+        answer.units = Units(
+            offsets=[tuple(o) for o in offsets.tolist()],
+            probs={lab: probs[:, k].tolist() for k, lab in enumerate(labels)},
+            logits={lab: logits[:, k].tolist() for k, lab in enumerate(labels)} if row.logits else None,
+        )
+    return answer
+
+
+def _to_field(span: SpanOut, row: Row) -> SpanOut:
+    for f in row.fields or []:
+        if f.start <= span.start and span.end <= f.end:
+            return span.model_copy(update={"field": f.name, "start": span.start - f.start,
+                                           "end": span.end - f.start})
+    raise AssertionError(f"span {span} lies outside every field")  # decode_spans keeps runs in a field
+
+
+def _option_answer(model: Vela2Model, prep: Prepared, q: int, task: str, logits: np.ndarray) -> Answer:
+    kind, _ = split_task(task)
+    options = prep.row.questions[q].options or []
+    cal = model.calibration
+    answer = Answer(question=q, task=task, probs={})
+    if kind == "set":
+        probs = sigmoid(logits.astype(np.float64) / cal.T_set)
+        thr = cal.set_threshold(task)
+        answer.decision = [o for o, p in zip(options, probs, strict=True) if p >= thr]
+    else:
+        probs, abstain = choice_probs(logits, cal.temperature(task), len(options))
+        answer.decision = options[int(np.argmax(probs))]
+        answer.abstain_probability = abstain
+        if kind == "score":
+            answer.expected = expected_value(options, probs)
+    answer.probs = {o: float(p) for o, p in zip(options, probs, strict=True)}
+    if prep.row.logits:
+        answer.logits = [float(x) for x in logits]
+    return answer
+
+
+def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings: dict[str, float]) -> RowResult:
+    """Pool windows, calibrate and decode: the RowResult of one prepared row.
+
+    outputs: one SeqOutput per sequence of `prep`, in window order. `timings` gets decode_ms.
+    """
+    if len(outputs) != len(prep.sequences):
+        raise ValueError(f"finish needs {len(prep.sequences)} sequence outputs; got {len(outputs)}")
+    t0 = time.perf_counter()
+    row = prep.row
+    answers = []
+    for q in range(len(row.questions)):
+        task = row.question_task(q)
+        if task.startswith("span:"):
+            answers.append(_span_answer(model, prep, q, task, merge_span_windows(prep.rendered, outputs, q)))
+        else:
+            answers.append(_option_answer(model, prep, q, task, pool_option_windows(outputs, q)))
+    timings = {**timings, "render_ms": prep.render_ms, "decode_ms": (time.perf_counter() - t0) * 1e3}
+    return RowResult(id=row.id, task=row.task, status=Status.ok, answers=answers,
+                     timings={k: round(v, 3) for k, v in timings.items()})

@@ -1,0 +1,53 @@
+"""predict(): the reference path, with no queue (module named apart from the function so that
+`vela2.predict` stays the function). The worker runs the same steps (vela2/pipeline.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from vela2.errors import Vela2Error
+from vela2.modeling import Vela2Model
+from vela2.pipeline import Prepared, SeqOutput, finish, pack, prepare, run_batch
+from vela2.schemas import RowResult, error_result, guess_id_task
+
+DEFAULT_MAX_BATCH_TOKENS = 16_384
+
+
+def predict(
+    model: Vela2Model,
+    rows: Iterable[Any],
+    *,
+    precision: str = "bf16",
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+) -> list[RowResult]:
+    """Score rows (dicts or `Row`s); one RowResult per row, in order.
+
+    A row that fails validation or rendering gets an error result; the other rows still run.
+    Sequences of all rows are packed together by length under `max_batch_tokens` (padded tokens).
+    """
+    model.check_precision(precision)
+    rows = list(rows)
+    results: list[RowResult | None] = [None] * len(rows)
+    preps: dict[int, Prepared] = {}
+    for i, obj in enumerate(rows):
+        try:
+            preps[i] = prepare(model, obj)
+        except Vela2Error as e:
+            results[i] = error_result(*guess_id_task(obj), e)
+    flat = [(i, w, seq) for i, p in preps.items() for w, seq in enumerate(p.sequences)]
+    outputs: dict[int, list[SeqOutput | None]] = {i: [None] * len(p.sequences) for i, p in preps.items()}
+    model_ms = dict.fromkeys(preps, 0.0)
+    for batch in pack([seq.num_tokens for _, _, seq in flat], max_batch_tokens):
+        t0 = time.perf_counter()
+        outs = run_batch(model, [flat[k][2] for k in batch], precision)
+        elapsed = (time.perf_counter() - t0) * 1e3
+        for k, out in zip(batch, outs, strict=True):
+            i, w, _ = flat[k]
+            outputs[i][w] = out
+        for i in {flat[k][0] for k in batch}:
+            model_ms[i] += elapsed
+    for i, prep in preps.items():
+        results[i] = finish(model, prep, outputs[i], {"queue_ms": 0.0, "model_ms": model_ms[i]})
+    return results  # type: ignore[return-value]

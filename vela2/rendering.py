@@ -1,0 +1,201 @@
+"""render_row: the single source of token layout (context, question blocks, markers, windows).
+
+A rendered sequence is [BOS] + context word tokens (part 0), then one block per question (part k):
+    [Q] question tokens [SEP] (option tokens [OPT])* [ABS]      choice / score
+    [Q] question tokens [SEP] (option tokens [OPT])*            set
+    [Q] question tokens [SEP] (label tokens [LBL])*             span
+Heads read the hidden state at each marker (it has seen its option / label text and the context)
+and at each context word's first token. Position ids of every block start at the context length,
+so each block sees exactly what it would see if it were asked alone.
+
+A context longer than `max_window_tokens - 1 - longest block` is split into overlapping word
+windows; every window is its own sequence carrying all blocks. Rendering is a pure function of
+(row, tokenizer, config, default question texts): the worker and predict() call the same code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from vela2.config import LIMITS, Vela2Config
+from vela2.errors import LimitExceeded
+from vela2.schemas import Row, split_task
+
+WORD_RE = re.compile(r"\w+(?:[-_]\w+)*|\S")
+
+
+@dataclass
+class Block:
+    """One question block inside a sequence."""
+
+    question: int  # index into row.questions
+    task: str  # "type:name" of this block
+    start: int  # first token position in the sequence
+    end: int  # one past the last token
+    markers: list[int]  # positions of [OPT]* then [ABS] (choice/score), [OPT]* (set), [LBL]* (span)
+
+
+@dataclass
+class Sequence:
+    """One model input: a window of the row's context plus all its question blocks."""
+
+    row_id: str
+    window: int  # window index within the row
+    word_start: int  # index of this window's first word in the row's word list
+    input_ids: list[int]
+    position_ids: list[int]
+    parts: list[int]  # 0 context, k block k
+    blocks: list[Block]
+    word_positions: list[int]  # token position of each window word's first token
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_words(self) -> int:
+        return len(self.word_positions)
+
+
+@dataclass
+class RenderedRow:
+    row: Row
+    offsets: np.ndarray  # (W, 2) int64 char offsets of every word of the text
+    sequences: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_words(self) -> int:
+        return int(self.offsets.shape[0])
+
+
+def split_words(text: str) -> np.ndarray:
+    """Words of `text` with character offsets: (W, 2) int64, [start, end) into the original string."""
+    spans = [m.span() for m in WORD_RE.finditer(text)]
+    return np.array(spans, dtype=np.int64).reshape(-1, 2)
+
+
+class Renderer:
+    """Holds the tokenizer-dependent pieces of rendering (special ids, a cache of short strings)."""
+
+    def __init__(self, tokenizer, config: Vela2Config, default_questions: dict[str, str]):
+        self.tokenizer = tokenizer
+        self.config = config
+        self.default_questions = default_questions
+        st = config.special_tokens
+        self.ids = {name: tokenizer.token_to_id(tok) for name, tok in vars(st).items()}
+        self._encode = lru_cache(maxsize=65536)(self._encode_uncached)
+
+    def _encode_uncached(self, s: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(s, add_special_tokens=False).ids)
+
+    def word_tokens(self, words: list[str]) -> list[list[int]]:
+        """Token ids of each word (at least one: a word the tokenizer drops becomes [UNK])."""
+        if not words:
+            return []
+        enc = self.tokenizer.encode(words, is_pretokenized=True, add_special_tokens=False)
+        out: list[list[int]] = [[] for _ in words]
+        for tid, wid in zip(enc.ids, enc.word_ids, strict=True):
+            if wid is not None:
+                out[wid].append(tid)
+        unk = self.ids["unk"]
+        return [toks or [unk] for toks in out]
+
+    def block_tokens(self, row: Row, i: int) -> tuple[list[int], list[int]]:
+        """Tokens of question block i and the offsets of its markers within the block."""
+        q = row.questions[i]
+        kind, _ = split_task(row.question_task(i))
+        text = q.question if q.question is not None else self.default_questions[kind]
+        toks = [self.ids["question"], *self._encode(text), self.ids["sep"]]
+        markers: list[int] = []
+        marker = self.ids["label"] if kind == "span" else self.ids["option"]
+        for item in (q.labels if kind == "span" else q.options) or []:
+            toks.extend(self._encode(item))
+            markers.append(len(toks))
+            toks.append(marker)
+        if kind in ("choice", "score"):
+            markers.append(len(toks))
+            toks.append(self.ids["abstain"])
+        return toks, markers
+
+    def render(self, row: Row) -> RenderedRow:
+        offsets = split_words(row.text)
+        n_words = offsets.shape[0]
+        if n_words > LIMITS.max_text_words:
+            raise LimitExceeded(f"text has {n_words:,} words; limit {LIMITS.max_text_words:,}")
+        word_toks = self.word_tokens([row.text[s:e] for s, e in offsets.tolist()])
+        blocks = [self.block_tokens(row, i) for i in range(len(row.questions))]
+        longest = max(len(t) for t, _ in blocks)
+        budget = self.config.max_window_tokens - 1 - longest  # context tokens one window may hold
+        if budget < 16:
+            raise LimitExceeded(
+                f"the longest question block has {longest:,} tokens; with the window of "
+                f"{self.config.max_window_tokens:,} tokens that leaves {budget} for the text (need >= 16)"
+            )
+        rendered = RenderedRow(row=row, offsets=offsets)
+        for w, (ws, we) in enumerate(plan_windows([len(t) for t in word_toks], budget,
+                                                  self.config.window_overlap_words)):
+            rendered.sequences.append(self._sequence(row, w, ws, word_toks[ws:we], blocks))
+        return rendered
+
+    def _sequence(self, row: Row, window: int, ws: int, word_toks: list[list[int]],
+                  blocks: list[tuple[list[int], list[int]]]) -> Sequence:
+        ids = [self.ids["bos"]]
+        word_positions = []
+        for toks in word_toks:
+            word_positions.append(len(ids))
+            ids.extend(toks)
+        ctx = len(ids)
+        positions = list(range(ctx))
+        parts = [0] * ctx
+        out_blocks = []
+        for i, (toks, markers) in enumerate(blocks):
+            start = len(ids)
+            ids.extend(toks)
+            positions.extend(range(ctx, ctx + len(toks)))
+            parts.extend([i + 1] * len(toks))
+            out_blocks.append(Block(i, row.question_task(i), start, len(ids), [start + m for m in markers]))
+        return Sequence(row.id, window, ws, ids, positions, parts, out_blocks, word_positions)
+
+
+def plan_windows(word_lengths: list[int], budget: int, overlap_words: int) -> list[tuple[int, int]]:
+    """Split words into windows [start, end) of at most `budget` tokens, consecutive windows sharing
+    up to `overlap_words` words. One window when everything fits; an empty text gives one empty window.
+    """
+    n = len(word_lengths)
+    for i, length in enumerate(word_lengths):
+        if length > budget:
+            raise LimitExceeded(f"word {i} has {length:,} tokens; a window holds {budget:,} text tokens")
+    if sum(word_lengths) <= budget:
+        return [(0, n)]
+    windows = []
+    start = 0
+    while True:
+        used, end = 0, start
+        while end < n and used + word_lengths[end] <= budget:
+            used += word_lengths[end]
+            end += 1
+        windows.append((start, end))
+        if end >= n:
+            return windows
+        start = max(start + 1, end - overlap_words)
+
+
+_RENDERERS: dict[tuple[int, int, int], Renderer] = {}
+
+
+def renderer_for(tokenizer, config: Vela2Config, default_questions: dict[str, str]) -> Renderer:
+    """The cached Renderer of a (tokenizer, config, questions) triple."""
+    key = (id(tokenizer), id(config), id(default_questions))
+    r = _RENDERERS.get(key)
+    if r is None:
+        r = _RENDERERS[key] = Renderer(tokenizer, config, default_questions)
+    return r
+
+
+def render_row(row: Row, tokenizer, config: Vela2Config, default_questions: dict[str, str]) -> RenderedRow:
+    """Render one validated row into its sequences (one per window). Pure and deterministic."""
+    return renderer_for(tokenizer, config, default_questions).render(row)

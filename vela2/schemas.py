@@ -1,0 +1,265 @@
+"""Row requests and results: the one schema shared by predict(), the worker, backfill and HTTP.
+
+Pure pydantic, no torch: the producer imports this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from vela2.config import LIMITS, TASK_TYPES
+from vela2.errors import InvalidRequest, LimitExceeded, Vela2Error
+
+SCHEMA_VERSION = "1"
+
+
+def split_task(task: str) -> tuple[str, str]:
+    """`"choice:boolq"` -> `("choice", "boolq")`; raises InvalidRequest for anything else."""
+    if not isinstance(task, str) or ":" not in task:
+        raise InvalidRequest(f"task must be 'type:name' with type one of {', '.join(TASK_TYPES)}; got {task!r}")
+    kind, name = task.split(":", 1)
+    if kind not in TASK_TYPES:
+        raise InvalidRequest(f"task type must be one of {', '.join(TASK_TYPES)}; got {kind!r} in {task!r}")
+    if not name or len(name) > 128:
+        raise InvalidRequest(f"task name must have 1 to 128 characters; got {len(name)} in {task!r}")
+    return kind, name
+
+
+def _check_items(items: list[str], what: str, kind: str, minimum: int, maximum: int) -> list[str]:
+    if len(items) < minimum:
+        raise InvalidRequest(f"{kind} questions need at least {minimum} {what}; got {len(items)}")
+    if len(items) > maximum:
+        raise LimitExceeded(f"{what}: {len(items):,} given; limit {maximum:,}")
+    seen: set[str] = set()
+    for item in items:
+        if not item.strip():
+            raise InvalidRequest(f"{what} must be non-empty strings; got {item!r}")
+        if len(item) > LIMITS.max_item_chars:
+            raise LimitExceeded(f"{what[:-1]} has {len(item):,} characters; limit {LIMITS.max_item_chars:,}")
+        if item in seen:
+            raise InvalidRequest(f"duplicate {what[:-1]} {item!r}")
+        seen.add(item)
+    return items
+
+
+class Question(BaseModel):
+    """One question block: options for choice / score / set, labels for span."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    question: str | None = Field(default=None, max_length=LIMITS.max_question_chars)
+    options: list[str] | None = None
+    labels: list[str] | None = None
+    task: str | None = None  # overrides the row's task for this block (mixed bundles, SystemOne)
+    fields: list[str] | None = None  # span only: restrict spans to these named text fields
+
+
+class FieldRange(BaseModel):
+    """A named part of a row's text (SystemOne JSON input): characters [start, end) of `text`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+class Row(BaseModel):
+    """A row-level request: one text, one or more question blocks over it (bundled)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str = Field(min_length=1, max_length=LIMITS.max_id_chars)
+    task: str
+    text: str
+    questions: list[Question] = Field(min_length=1)
+    units: bool = False  # span answers carry every word's offsets and probabilities
+    logits: bool = False  # answers carry raw (uncalibrated) logits, for parity checks
+    gold: Any = None  # labelled rows for `vela2 calibrate`; ignored when scoring
+    fields: list[FieldRange] | None = None  # named parts of `text`; spans report offsets into them
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, v: str) -> str:
+        if not v.strip():
+            raise InvalidRequest("text is empty")
+        if len(v) > LIMITS.max_text_chars:
+            raise LimitExceeded(f"text has {len(v):,} characters; limit {LIMITS.max_text_chars:,}")
+        return v
+
+    @field_validator("questions")
+    @classmethod
+    def _questions(cls, v: list[Question]) -> list[Question]:
+        if len(v) > LIMITS.max_questions:
+            raise LimitExceeded(f"questions: {len(v):,} given; limit {LIMITS.max_questions:,}")
+        return v
+
+    @model_validator(mode="after")
+    def _blocks(self) -> Row:
+        split_task(self.task)
+        names = {f.name for f in self.fields or []}
+        for f in self.fields or []:
+            if not f.start <= f.end <= len(self.text):
+                raise InvalidRequest(f"field {f.name!r} range [{f.start}, {f.end}) is outside the text")
+        for i, q in enumerate(self.questions):
+            for name in q.fields or []:
+                if name not in names:
+                    raise InvalidRequest(f"questions[{i}]: field {name!r} is not in the input")
+            kind, _ = split_task(q.task or self.task)
+            try:
+                if kind == "span":
+                    if q.options is not None:
+                        raise InvalidRequest("span questions take labels, not options")
+                    _check_items(q.labels or [], "labels", kind, 1, LIMITS.max_labels)
+                else:
+                    if q.labels is not None:
+                        raise InvalidRequest(f"{kind} questions take options, not labels")
+                    _check_items(q.options or [], "options", kind, 1 if kind == "set" else 2, LIMITS.max_options)
+            except InvalidRequest as e:
+                raise type(e)(f"questions[{i}]: {e}") from None
+        return self
+
+    def question_task(self, i: int) -> str:
+        """The full task ('type:name') of question block i."""
+        return self.questions[i].task or self.task
+
+
+def content_id(obj: Any) -> str:
+    """A deterministic id for a request sent without one: a hash of its canonical JSON."""
+    blob = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "h-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _first_error(e: ValidationError) -> Vela2Error:
+    err = e.errors()[0]
+    ctx_exc = (err.get("ctx") or {}).get("error")
+    loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"]).replace(".[", "[")
+    if isinstance(ctx_exc, Vela2Error):
+        msg = str(ctx_exc)
+        return type(ctx_exc)(f"{loc}: {msg}" if loc and not msg.startswith(loc) else msg)
+    value = repr(err.get("input"))
+    if len(value) > 80:
+        value = value[:77] + "..."
+    where = f"{loc}: " if loc else ""
+    if err["type"] == "missing":
+        return InvalidRequest(f"{where}field required")
+    if err["type"] == "extra_forbidden":
+        return InvalidRequest(f"{where}unknown field")
+    if err["type"] in ("string_too_long", "too_long"):
+        return LimitExceeded(f"{where}{err['msg']}; got {value}")
+    return InvalidRequest(f"{where}{err['msg']}; got {value}")
+
+
+def validation_error(e: ValidationError) -> Vela2Error:
+    """Turn a pydantic ValidationError into our error with one clear, located message."""
+    return _first_error(e)
+
+
+def parse_row(obj: Any) -> Row:
+    """Validate a decoded JSON row; raises InvalidRequest / LimitExceeded with a located message.
+
+    A row without an id gets the deterministic content id (see `content_id`).
+    """
+    if isinstance(obj, Row):
+        return obj
+    if not isinstance(obj, dict):
+        raise InvalidRequest(f"a row must be a JSON object; got {type(obj).__name__}")
+    if "id" not in obj:
+        obj = {**obj, "id": content_id(obj)}
+    try:
+        return Row.model_validate(obj)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+class Status(StrEnum):
+    """Outcome of one request; serialises as its string value."""
+
+    ok = "ok"
+    error = "error"
+    expired = "expired"
+
+
+class ErrorInfo(BaseModel):
+    type: str
+    message: str
+
+
+class SpanOut(BaseModel):
+    """A decoded span: character offsets into the original text (or into `field`'s own string)."""
+
+    label: str
+    start: int
+    end: int
+    text: str
+    score: float
+    field: str | None = None
+
+
+class Units(BaseModel):
+    """Every word of the whole text in order: offsets, and per label the probability of each word."""
+
+    offsets: list[tuple[int, int]]
+    probs: dict[str, list[float]]
+    logits: dict[str, list[float]] | None = None
+
+
+class Answer(BaseModel):
+    """The answer to one question block."""
+
+    question: int
+    task: str
+    probs: dict[str, float]  # choice/score: softmax over options; set: sigmoid; span: max over words
+    decision: str | list[str] | None = None
+    abstain_probability: float | None = None
+    expected: float | None = None
+    spans: list[SpanOut] | None = None
+    gate_fired: bool | None = None  # PII span tasks only
+    units: Units | None = None
+    logits: list[float] | None = None  # raw option logits (options then [ABS]) when the row asked
+
+
+class RowResult(BaseModel):
+    """One result per request id, whatever path produced it."""
+
+    id: str
+    task: str | None = None
+    status: Status
+    answers: list[Answer] | None = None
+    error: ErrorInfo | None = None
+    timings: dict[str, float] | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def error_result(request_id: str, task: str | None, exc: BaseException) -> RowResult:
+    """A failed result: `error.type` from our error class, the message as raised."""
+    code = exc.code if isinstance(exc, Vela2Error) else type(exc).__name__
+    return RowResult(id=request_id, task=task, status=Status.error, error=ErrorInfo(type=code, message=str(exc)))
+
+
+def expired_result(request_id: str, task: str | None, message: str) -> RowResult:
+    """A request whose deadline passed before it was scored."""
+    return RowResult(
+        id=request_id, task=task, status=Status.expired, error=ErrorInfo(type="expired", message=message)
+    )
+
+
+def guess_id_task(obj: Any) -> tuple[str, str | None]:
+    """Best-effort id and task of a request that failed validation, for its error result."""
+    if isinstance(obj, dict):
+        rid = obj.get("id")
+        task = obj.get("task")
+        if not isinstance(rid, str) or not rid:
+            rid = content_id(obj)
+        return rid[: LIMITS.max_id_chars], task if isinstance(task, str) else None
+    return content_id(repr(obj)), None
+
+
+Kind = Literal["choice", "score", "set", "span"]
