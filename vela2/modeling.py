@@ -49,10 +49,12 @@ class SpanHead(nn.Module):
         return (self.word(words) @ self.label(labels).T) * self.scale + self.bias
 
 
-def tree_mask(parts: torch.Tensor) -> torch.Tensor:
+def tree_mask(parts: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean attention mask (True = attend) for a batch of rendered sequences.
 
     parts: (B, L) part id per token: 0 = context, k >= 1 = question block k, -1 = padding.
+    segments: (B, L) which packed sequence of the row a token belongs to (None: one per row);
+    tokens of different segments never see each other (block-diagonal packing).
     Context is causal; a block sees the context and its own earlier tokens, never another block.
     Padding queries see only themselves: a fully masked row would give NaN under sdpa, and NaN
     values would leak into real rows through 0 * NaN. No real token ever sees padding.
@@ -64,6 +66,8 @@ def tree_mask(parts: torch.Tensor) -> torch.Tensor:
     key = parts[:, None, :]  # (B, 1, L)
     query = parts[:, :, None]  # (B, L, 1)
     visible = (key == 0) | (key == query)  # (B, L, L)
+    if segments is not None:
+        visible &= segments[:, None, :] == segments[:, :, None]
     mask = causal[None] & visible & (key >= 0) & (query >= 0)
     mask |= torch.eye(L, dtype=torch.bool, device=parts.device)[None] & (query < 0)
     return mask[:, None]
@@ -137,10 +141,10 @@ class Vela2Model(nn.Module):
             )
 
     def encode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, parts: torch.Tensor,
-               precision: str) -> torch.Tensor:
+               segments: torch.Tensor, precision: str) -> torch.Tensor:
         """Backbone over a padded batch with the tree mask; returns fp32 states (B, L, H)."""
         self.check_precision(precision)
-        mask = tree_mask(parts)
+        mask = tree_mask(parts, segments)
         use_bf16 = precision == "bf16"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             out = self.backbone(

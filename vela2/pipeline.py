@@ -6,6 +6,8 @@ its own scheduling (buffering, buckets, retries). Nothing here knows about queue
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,23 +51,48 @@ def prepare(model: Vela2Model, obj: Any) -> Prepared:
     return Prepared(row, rendered, (time.perf_counter() - t0) * 1e3)
 
 
-def pack(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
-    """Token-budget packing: indices grouped into batches whose padded cost (longest x count) stays
-    within `max_batch_tokens`. Longest first, so each batch holds similar lengths; a sequence longer
-    than the budget gets a batch of its own. Every index lands in exactly one batch.
+def pack(lengths: list[int], max_batch_tokens: int, row_tokens: int | None = None) -> list[list[int]]:
+    """Token-budget packing: indices grouped into batches whose padded cost stays within
+    `max_batch_tokens`. Every index lands in exactly one batch.
+
+    row_tokens None: one sequence per row; cost = longest x count; longest first, so each batch
+    holds similar lengths; a sequence longer than the budget gets a batch of its own.
+    row_tokens R: sequences are first packed into rows of R tokens (first-fit decreasing, see
+    `plan_rows`), then rows are grouped budget // R at a time; cost = rows x R.
     """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        longest = lengths[current[0]] if current else lengths[i]
-        if current and longest * (len(current) + 1) > max_batch_tokens:
+    if row_tokens is None:
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        batches: list[list[int]] = []
+        current: list[int] = []
+        for i in order:
+            longest = lengths[current[0]] if current else lengths[i]
+            if current and longest * (len(current) + 1) > max_batch_tokens:
+                batches.append(current)
+                current = []
+            current.append(i)
+        if current:
             batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
+        return batches
+    rows = plan_rows(lengths, row_tokens)
+    per_batch = max(1, max_batch_tokens // max(row_tokens, max(lengths, default=1)))
+    return [[i for row in rows[k : k + per_batch] for i in row] for k in range(0, len(rows), per_batch)]
+
+
+def plan_rows(lengths: list[int], row_tokens: int) -> list[list[int]]:
+    """First-fit decreasing: indices packed into rows holding at most max(row_tokens, longest) tokens."""
+    capacity = max([row_tokens, *lengths])
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(capacity - lengths[i])
+    return rows
 
 
 @dataclass
@@ -77,34 +104,47 @@ class _Layout:
     labels: list[list[tuple[int, slice]]]  # per sequence: (question, slice into label projections)
 
 
-def collate(sequences: list[Sequence], pad_id: int, device: torch.device):
-    """Pad a list of sequences into batch tensors plus the head gather indices.
+def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_tokens: int | None = None):
+    """Lay a list of sequences out in padded rows (several per row when `row_tokens` is set) and
+    build the head gather indices.
 
-    Returns input_ids (B, L), position_ids (B, L), parts (B, L) with -1 on padding, HeadInputs, layout.
+    Returns input_ids, position_ids, parts (-1 on padding), segments (-1 on padding), all (R, L),
+    then HeadInputs and the layout of each sequence's outputs (in the order of `sequences`).
     """
-    B, L = len(sequences), max(s.num_tokens for s in sequences)
-    ids = np.full((B, L), pad_id, dtype=np.int64)
-    pos = np.zeros((B, L), dtype=np.int64)
-    parts = np.full((B, L), -1, dtype=np.int64)
+    lengths = [s.num_tokens for s in sequences]
+    rows = [[i] for i in range(len(sequences))] if row_tokens is None else plan_rows(lengths, row_tokens)
+    place = {}  # sequence index -> (row, offset)
+    for r, members in enumerate(rows):
+        offset = 0
+        for i in members:
+            place[i] = (r, offset)
+            offset += lengths[i]
+    R = len(rows)
+    L = max(sum(lengths[i] for i in members) for members in rows)
+    ids = np.full((R, L), pad_id, dtype=np.int64)
+    pos = np.zeros((R, L), dtype=np.int64)
+    parts = np.full((R, L), -1, dtype=np.int64)
+    segs = np.full((R, L), -1, dtype=np.int64)
     opt_idx: list[tuple[int, int]] = []
     word_idx: list[tuple[int, int]] = []
     label_idx: list[tuple[int, int]] = []
     layout = _Layout([], [], [])
-    for b, s in enumerate(sequences):
+    for i, s in enumerate(sequences):
+        r, o = place[i]
         n = s.num_tokens
-        ids[b, :n] = s.input_ids
-        pos[b, :n] = s.position_ids
-        parts[b, :n] = s.parts
+        ids[r, o : o + n] = s.input_ids
+        pos[r, o : o + n] = s.position_ids
+        parts[r, o : o + n] = s.parts
+        segs[r, o : o + n] = i
         w0 = len(word_idx)
-        has_span = any(blk.task.startswith("span:") for blk in s.blocks)
-        if has_span:
-            word_idx.extend((b, p) for p in s.word_positions)
+        if any(blk.task.startswith("span:") for blk in s.blocks):
+            word_idx.extend((r, o + p) for p in s.word_positions)
         layout.words.append(slice(w0, len(word_idx)))
         seq_opts, seq_labels = [], []
         for blk in s.blocks:
             target, out = (label_idx, seq_labels) if blk.task.startswith("span:") else (opt_idx, seq_opts)
             k0 = len(target)
-            target.extend((b, p) for p in blk.markers)
+            target.extend((r, o + p) for p in blk.markers)
             out.append((blk.question, slice(k0, len(target))))
         layout.options.append(seq_opts)
         layout.labels.append(seq_labels)
@@ -112,15 +152,19 @@ def collate(sequences: list[Sequence], pad_id: int, device: torch.device):
     def t(x: list[tuple[int, int]]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.long).reshape(-1, 2).to(device, non_blocking=True)
 
-    tensors = [torch.from_numpy(a).to(device, non_blocking=True) for a in (ids, pos, parts)]
+    tensors = [torch.from_numpy(a).to(device, non_blocking=True) for a in (ids, pos, parts, segs)]
     return (*tensors, HeadInputs(t(opt_idx), t(word_idx), t(label_idx)), layout)
 
 
 @torch.inference_mode()
-def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str) -> list[SeqOutput]:
-    """One forward pass over any mix of sequences; returns raw fp32 head outputs per sequence."""
-    ids, pos, parts, idx, layout = collate(sequences, model.special_ids["pad"], model.device)
-    hidden = model.encode(ids, pos, parts, precision)  # (B, L, H) fp32
+def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
+              row_tokens: int | None = None) -> list[SeqOutput]:
+    """One forward pass over any mix of sequences; returns raw fp32 head outputs per sequence.
+
+    With `row_tokens`, short sequences share rows (block-diagonal mask) to cut padding.
+    """
+    ids, pos, parts, segs, idx, layout = collate(sequences, model.special_ids["pad"], model.device, row_tokens)
+    hidden = model.encode(ids, pos, parts, segs, precision)  # (R, L, H) fp32
     opt, words, labels = model.heads(hidden, idx)  # (M,), (N, D), (K, D)
     # Span logits per block: (W_window, D) @ (D, K) on the device, then one copy to the host.
     span_blocks = []
@@ -250,4 +294,24 @@ def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings:
             answers.append(_option_answer(model, prep, q, task, pool_option_windows(outputs, q)))
     timings = {**timings, "render_ms": prep.render_ms, "decode_ms": (time.perf_counter() - t0) * 1e3}
     return RowResult(id=row.id, task=row.task, status=Status.ok, answers=answers,
-                     timings={k: round(v, 3) for k, v in timings.items()})
+                     timings={k: round(v, 3) for k, v in timings.items()},
+                     render=render_digest(prep.rendered) if row.logits else None)
+
+
+def render_digest(rendered: RenderedRow) -> dict[str, Any]:
+    """Short hashes of each part of a rendering, so two paths' renders can be compared column by
+    column (`vela2 parity`): token ids, position ids, part ids, blocks, word positions, offsets.
+    """
+    def h(obj: Any) -> str:
+        return hashlib.sha256(json.dumps(obj, separators=(",", ":")).encode()).hexdigest()[:16]
+
+    seqs = rendered.sequences
+    return {
+        "sequences": len(seqs),
+        "input_ids": h([s.input_ids for s in seqs]),
+        "position_ids": h([s.position_ids for s in seqs]),
+        "parts": h([s.parts for s in seqs]),
+        "blocks": h([[(b.question, b.task, b.start, b.end, b.markers) for b in s.blocks] for s in seqs]),
+        "word_positions": h([(s.word_start, s.word_positions) for s in seqs]),
+        "offsets": h(rendered.offsets.tolist()),
+    }

@@ -21,11 +21,13 @@ def predict(
     *,
     precision: str = "bf16",
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    row_tokens: int | None = None,
 ) -> list[RowResult]:
     """Score rows (dicts or `Row`s); one RowResult per row, in order.
 
     A row that fails validation or rendering gets an error result; the other rows still run.
-    Sequences of all rows are packed together by length under `max_batch_tokens` (padded tokens).
+    Sequences of all rows are packed together by length under `max_batch_tokens` (padded tokens);
+    with `row_tokens`, several short sequences share a row of that many tokens (see pipeline.pack).
     """
     model.check_precision(precision)
     rows = list(rows)
@@ -39,9 +41,9 @@ def predict(
     flat = [(i, w, seq) for i, p in preps.items() for w, seq in enumerate(p.sequences)]
     outputs: dict[int, list[SeqOutput | None]] = {i: [None] * len(p.sequences) for i, p in preps.items()}
     model_ms = dict.fromkeys(preps, 0.0)
-    for batch in pack([seq.num_tokens for _, _, seq in flat], max_batch_tokens):
+    for batch in pack([seq.num_tokens for _, _, seq in flat], max_batch_tokens, row_tokens):
         t0 = time.perf_counter()
-        outs = run_batch(model, [flat[k][2] for k in batch], precision)
+        outs = run_batch(model, [flat[k][2] for k in batch], precision, row_tokens)
         elapsed = (time.perf_counter() - t0) * 1e3
         for k, out in zip(batch, outs, strict=True):
             i, w, _ = flat[k]

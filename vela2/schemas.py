@@ -233,6 +233,7 @@ class RowResult(BaseModel):
     answers: list[Answer] | None = None
     error: ErrorInfo | None = None
     timings: dict[str, float] | None = None
+    render: dict[str, Any] | None = None  # rendering digests, when the row asked for logits (parity)
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
