@@ -134,6 +134,13 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     return model
 
 
+def serving_dtype(precision: str) -> torch.dtype:
+    """The backbone dtype every serving path (CLI, worker, parity) loads for a precision:
+    bf16 holds the backbone in bfloat16 (half the memory, no per-call weight casts), fp32 in float32.
+    """
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
 def _rebuild_rotary(backbone: nn.Module, device) -> None:
     """Recompute non-persistent buffers (rotary inv_freq) that meta construction left empty."""
     for name, mod in list(backbone.named_modules()):

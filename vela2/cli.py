@@ -12,13 +12,9 @@ from vela2.errors import InvalidRequest, Vela2Error
 
 
 def _load(checkpoint: str, device: str, precision: str):
-    import torch
+    from vela2.checkpoint import load, serving_dtype
 
-    import vela2
-
-    # bf16 serving holds the backbone in bf16 (half the memory); fp32 holds it in fp32.
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    return vela2.load(checkpoint, device=device, dtype=dtype)
+    return load(checkpoint, device=device, dtype=serving_dtype(precision))
 
 
 def read_jsonl(path: str) -> list[tuple[Any, Vela2Error | None]]:

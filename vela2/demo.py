@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from vela2.calibration import Calibration, PiiRules
 from vela2.config import HeadsConfig, SpecialTokens, Vela2Config
@@ -58,16 +58,28 @@ def corpus(n_sentences: int = 4000, seed: int = SEED) -> list[str]:
 
 
 def demo_tokenizer(vocab_size: int = 3000) -> Tokenizer:
-    """A WordPiece tokenizer trained offline on `corpus()`; special tokens get ids 0..7."""
+    """A WordPiece tokenizer over a vocabulary counted from `corpus()` in plain Python (the
+    `tokenizers` trainer breaks ties differently from run to run, so it is not used): special tokens
+    (ids 0..7), printable ASCII characters and their `##` continuations, then the most frequent
+    lower-cased words, ties broken alphabetically. Unknown characters become [UNK].
+    """
     special = SpecialTokens().all()
-    tok = Tokenizer(models.WordPiece(unk_token=SpecialTokens().unk, max_input_chars_per_word=100))
+    chars = [chr(c) for c in range(33, 127)]
+    vocab = [*special, *chars, *[f"##{c}" for c in chars]]
+    counts: dict[str, int] = {}
+    pre = pre_tokenizers.BertPreTokenizer()
+    for line in corpus():
+        for word, _ in pre.pre_tokenize_str(line.lower()):
+            if len(word) > 1:
+                counts[word] = counts.get(word, 0) + 1
+    words = sorted(counts, key=lambda w: (-counts[w], w))[: max(0, vocab_size - len(vocab))]
+    vocab.extend(words)
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token=SpecialTokens().unk,
+                                     max_input_chars_per_word=100))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True, clean_text=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.pre_tokenizer = pre
     tok.decoder = decoders.WordPiece()
-    alphabet = [chr(c) for c in range(32, 127)]
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special,
-                                        initial_alphabet=alphabet, show_progress=False)
-    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.add_special_tokens(special)
     return tok
 
 
@@ -136,17 +148,40 @@ def build_demo_model() -> Vela2Model:
 
 
 def _spread_heads(model: Vela2Model) -> None:
-    """Scale the heads on sample text: option logits std 2.5; span logits std 2.5 with ~15% above 0."""
+    """Point and scale the heads on sample text so every decode path has work to do.
+
+    A random backbone's marker states are dominated by the marker token itself, so a random option
+    head gives nearly equal logits to all options of a question. The demo head instead reads the
+    direction in which options of one question differ most (top principal component of the
+    within-question deviations of the head's hidden features), scaled to std 2, with [ABS] and set
+    options landing near the decision boundary. Span head: std 2.5, ~15% of word units above 0.5.
+    """
+    from vela2.pipeline import collate, prepare
     from vela2.reference import predict  # local: it imports the model stack
 
-    rows = [dict(r, logits=True, units=True) for r in sample_rows()]
-    res = predict(model, rows, precision="fp32")
-    opt = np.concatenate([a.logits for r in res for a in r.answers if a.logits])
+    preps = [prepare(model, dict(r, logits=True, units=True)) for r in sample_rows()]
+    seqs = [s for p in preps for s in p.sequences]
+    ids, pos, parts, segs, idx, layout = collate(seqs, model.special_ids["pad"], model.device)
+    with torch.no_grad():
+        hidden = model.encode(ids, pos, parts, segs, "fp32")
+        feats = torch.nn.functional.gelu(model.option_head.dense(hidden[idx.option_index[:, 0],
+                                                                         idx.option_index[:, 1]]))
+        deviations = []
+        for seq, seq_opts in zip(seqs, layout.options, strict=True):
+            kinds = {blk.question: blk.task.split(":")[0] for blk in seq.blocks}
+            for q, sl in seq_opts:
+                f = feats[sl][:-1] if kinds[q] in ("choice", "score") else feats[sl]  # without [ABS]
+                deviations.append(f - f.mean(0))
+        dev = torch.cat(deviations).double()
+        direction = torch.linalg.svd(dev, full_matrices=False).Vh[0]  # (D,)
+        direction = direction / (dev @ direction).std()
+        out = model.option_head.out
+        out.weight.copy_((2.0 * direction).float()[None])
+        out.bias.zero_()
+        out.bias.fill_(round(-float(out(feats).mean()), 4))
+    res = predict(model, [p.row for p in preps], precision="fp32")
     span = np.concatenate([np.array(v) for r in res for a in r.answers if a.units for v in a.units.logits.values()])
     with torch.no_grad():
-        k = round(2.5 / float(opt.std()), 4)
-        model.option_head.out.weight.mul_(k)
-        model.option_head.out.bias.mul_(k)
         k = round(2.5 / float(span.std()), 4)
         model.span_head.word.weight.mul_(k)
         model.span_head.word.bias.mul_(k)
