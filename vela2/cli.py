@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -18,12 +19,14 @@ def _load(checkpoint: str, device: str, precision: str):
 
 
 def read_jsonl(path: str) -> list[tuple[Any, Vela2Error | None]]:
-    """Lines of a JSONL file (`-` = stdin), each decoded or paired with the error that names it."""
-    fh = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+    """Lines of a JSONL file (`-` = stdin), each decoded or paired with the error that names it
+    (blank lines too, so that output lines stay 1:1 with input lines)."""
     out: list[tuple[Any, Vela2Error | None]] = []
-    with fh:
+    with contextlib.ExitStack() as stack:
+        fh = sys.stdin if path == "-" else stack.enter_context(open(path, encoding="utf-8"))
         for n, line in enumerate(fh, 1):
             if not line.strip():
+                out.append(({"id": f"line-{n}"}, InvalidRequest(f"line {n} is empty")))
                 continue
             try:
                 out.append((json.loads(line), None))
@@ -50,9 +53,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     objs = [dict(obj, units=True) if args.units and isinstance(obj, dict) and "text" in obj else obj
             for obj, err in lines if err is None]
     answers = iter(predict_mixed(model, objs, precision=args.precision, max_batch_tokens=args.max_batch_tokens))
-    out = sys.stdout if args.out in (None, "-") else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
     n_err = 0
-    with out:
+    with contextlib.ExitStack() as stack:
+        out = sys.stdout if args.out in (None, "-") else stack.enter_context(open(args.out, "w", encoding="utf-8"))
         for obj, err in lines:
             result = error_result(obj["id"], None, err).to_json_dict() if err else next(answers)
             n_err += result.get("status") == "error"

@@ -25,7 +25,13 @@ from vela2.config import LIMITS, Vela2Config
 from vela2.errors import LimitExceeded
 from vela2.schemas import Row, split_task
 
-WORD_RE = re.compile(r"\w+(?:[-_]\w+)*|\S")
+# Scripts written without spaces (Han, Hiragana, Katakana): one character per word, so a Japanese or
+# Chinese sentence is not one giant word. Other word characters form words of at most 64 characters
+# (a longer run, e.g. a base64 blob, is split into several words), joined by at most 7 hyphens or
+# underscores; any other non-space character is a word of its own.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_W = f"[^\\W{_CJK}]{{1,64}}"
+WORD_RE = re.compile(f"[{_CJK}]|{_W}(?:[-_]{_W}){{0,7}}|\\S")
 
 
 @dataclass

@@ -107,11 +107,11 @@ class Row(BaseModel):
             if not f.start <= f.end <= len(self.text):
                 raise InvalidRequest(f"field {f.name!r} range [{f.start}, {f.end}) is outside the text")
         for i, q in enumerate(self.questions):
-            for name in q.fields or []:
-                if name not in names:
-                    raise InvalidRequest(f"questions[{i}]: field {name!r} is not in the input")
-            kind, _ = split_task(q.task or self.task)
             try:
+                for name in q.fields or []:
+                    if name not in names:
+                        raise InvalidRequest(f"field {name!r} is not in the input")
+                kind, _ = split_task(q.task or self.task)
                 if kind == "span":
                     if q.options is not None:
                         raise InvalidRequest("span questions take labels, not options")

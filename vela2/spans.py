@@ -17,7 +17,7 @@ The contract (what every span answer of predict(), the worker and SystemOne mean
 3. Length rule: a span is dropped when ``end - start < min_chars.get(label, 0)`` or its word
    count ``< min_words.get(label, 0)``. Spans are never trimmed, only kept or dropped.
 4. Overlap: ``nested`` keeps every span (spans of different labels may overlap). ``flat`` takes
-   spans greedily by score, highest first (ties: more characters first, then earlier start,
+   spans greedily by score (compared at 1e-9), highest first (ties: more characters first, then earlier start,
    then the label's position in ``labels``) and keeps one only if it shares no word with a
    span already kept.
 5. Output order: by ``(start, -end, label index)``. The result is a pure function of the
@@ -192,7 +192,8 @@ def decode_spans(
 
     if rules.overlap == "flat" and lab.size > 1:
         # np.lexsort sorts by the last key first: score desc, length desc, start asc, label asc.
-        order = np.lexsort((lab, start, -(end - start), -score))
+        # Scores are compared at 1e-9 so that equal means summed in another order still tie.
+        order = np.lexsort((lab, start, -(end - start), -np.round(score, 9)))
         taken = bytearray(n_words)  # 1 = word already inside a kept span
         keep = np.zeros(lab.size, dtype=bool)
         for i, w0, w1 in zip(order.tolist(), first[order].tolist(), last[order].tolist(), strict=True):

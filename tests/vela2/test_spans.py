@@ -352,7 +352,7 @@ def reference_decode(text, offsets, probs, labels, r: SpanRules, segments):
         cands.append((float(np.mean(probs[a : b + 1, j])), j, a, b, start, end))
     if r.overlap == "flat":
         kept, used = [], set()
-        for c in sorted(cands, key=lambda c: (-c[0], -(c[5] - c[4]), c[4], c[1])):
+        for c in sorted(cands, key=lambda c: (-round(c[0], 9), -(c[5] - c[4]), c[4], c[1])):
             if used.isdisjoint(range(c[2], c[3] + 1)):
                 kept.append(c)
                 used.update(range(c[2], c[3] + 1))

@@ -1,0 +1,195 @@
+"""Checkpoint I/O: stored dtypes, save -> load round trips (single file and sharded) giving the same
+outputs, bf16-held models, and the errors of broken checkpoint directories."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+import vela2
+from vela2.checkpoint import INDEX, WEIGHTS
+from vela2.demo import sample_rows
+from vela2.errors import CheckpointError, PrecisionError
+
+ROWS = [dict(r, logits=True, units=True) for r in sample_rows() if r["id"] != "demo-long"]
+
+
+def outputs(model, precision: str = "fp32") -> list[list[float]]:
+    """Every raw number the rows produce: option logits and span unit logits, flattened per row."""
+    out = []
+    for res in vela2.predict(model, ROWS, precision=precision):
+        assert res.status == "ok"
+        vals: list[float] = []
+        for a in res.answers:
+            vals += a.logits or []
+            if a.units:
+                for v in a.units.logits.values():
+                    vals += v
+        out.append(vals)
+    return out
+
+
+def assert_same_state(a: nn.Module, b: nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype, k
+        assert torch.equal(sa[k], sb[k]), k
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(demo_model):
+    return outputs(demo_model)
+
+
+def test_files_and_stored_dtypes(demo_dir, demo_model):
+    assert {p.name for p in demo_dir.iterdir()} == {"config.json", WEIGHTS, "tokenizer.json", "calibration.json"}
+    linear = {f"backbone.{n}.weight" for n, m in demo_model.backbone.named_modules() if isinstance(m, nn.Linear)}
+    assert len(linear) >= 7 * demo_model.config.backbone["num_hidden_layers"]  # q k v o gate up down
+    with safe_open(str(demo_dir / WEIGHTS), framework="pt") as f:
+        names = set(f.keys())
+        assert names == set(demo_model.state_dict())
+        for name in names:
+            want = torch.bfloat16 if name in linear else torch.float32
+            assert f.get_slice(name).get_dtype() == {torch.bfloat16: "BF16", torch.float32: "F32"}[want], name
+    # heads and embeddings / norms are among the fp32 ones
+    assert any(n.startswith("option_head.") for n in names) and any(n.startswith("span_head.") for n in names)
+    assert any("embed" in n for n in names) and any("norm" in n for n in names)
+
+
+def test_loaded_model_dtypes(demo_model):
+    assert demo_model.backbone_dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in demo_model.option_head.parameters())
+    assert all(p.dtype == torch.float32 for p in demo_model.span_head.parameters())
+    assert not demo_model.training
+    assert demo_model.name == "vela2-demo"
+    assert not any(b.is_meta for b in demo_model.buffers())
+
+
+def test_round_trip_same_outputs(demo_model, tmp_path, reference_outputs):
+    vela2.save(demo_model, tmp_path / "copy")
+    again = vela2.load(tmp_path / "copy", dtype=torch.float32)
+    assert_same_state(demo_model, again)
+    assert again.config == demo_model.config and again.calibration == demo_model.calibration
+    assert again.tokenizer.to_str() == demo_model.tokenizer.to_str()
+    assert outputs(again) == reference_outputs
+
+
+def test_sharded_round_trip(demo_model, tmp_path, reference_outputs):
+    path = tmp_path / "sharded"
+    vela2.save(demo_model, path, shard_max_bytes=100_000)
+    shards = sorted(path.glob("model-*-of-*.safetensors"))
+    assert len(shards) >= 3
+    assert all(s.name.endswith(f"-of-{len(shards):05d}.safetensors") for s in shards)
+    assert not (path / WEIGHTS).exists()
+    index = json.loads((path / INDEX).read_text())
+    assert set(index["weight_map"]) == set(demo_model.state_dict())
+    assert set(index["weight_map"].values()) == {s.name for s in shards}
+    stored = {}
+    for s in shards:
+        stored.update(load_file(str(s)))
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in stored.values())
+    for name, fname in index["weight_map"].items():
+        with safe_open(str(path / fname), framework="pt") as f:
+            assert name in f.keys()
+    again = vela2.load(path, dtype=torch.float32)
+    assert_same_state(demo_model, again)
+    assert outputs(again) == reference_outputs
+
+    # saving unsharded into the same directory removes the stale shards and index
+    vela2.save(demo_model, path)
+    assert not list(path.glob("model-*-of-*.safetensors")) and not (path / INDEX).exists()
+    assert_same_state(demo_model, vela2.load(path))
+
+
+def test_bf16_held_model(demo_dir, demo_model):
+    m16 = vela2.load(demo_dir, dtype=torch.bfloat16)
+    assert m16.backbone_dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in m16.option_head.parameters())
+    with pytest.raises(PrecisionError, match="fp32 needs the backbone held in float32"):
+        vela2.predict(m16, ROWS[:1], precision="fp32")
+    r16 = vela2.predict(m16, ROWS, precision="bf16")
+    r32 = vela2.predict(demo_model, ROWS, precision="fp32")
+    for a, b in zip(r16, r32, strict=True):
+        assert a.status == b.status == "ok"
+        for x, y in zip(a.answers, b.answers, strict=True):
+            assert x.probs.keys() == y.probs.keys()
+            assert max(abs(x.probs[k] - y.probs[k]) for k in x.probs) < 0.1
+
+
+def _copy(demo_dir, tmp_path):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(demo_dir, dst)
+    return dst
+
+
+def test_missing_tensor(demo_dir, tmp_path):
+    path = _copy(demo_dir, tmp_path)
+    state = load_file(str(path / WEIGHTS))
+    gone = "span_head.bias"
+    del state[gone]
+    save_file(state, str(path / WEIGHTS))
+    with pytest.raises(CheckpointError, match=r"missing \['span_head.bias'\] \(1\), unexpected \[\] \(0\)"):
+        vela2.load(path)
+
+
+def test_missing_tensor_in_sharded_index(demo_model, tmp_path):
+    path = tmp_path / "sharded"
+    vela2.save(demo_model, path, shard_max_bytes=100_000)
+    index = json.loads((path / INDEX).read_text())
+    del index["weight_map"]["option_head.out.weight"]
+    (path / INDEX).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"missing \['option_head.out.weight'\]"):
+        vela2.load(path)
+
+
+def test_unexpected_and_misshapen_tensors(demo_dir, tmp_path):
+    path = _copy(demo_dir, tmp_path)
+    state = load_file(str(path / WEIGHTS))
+    save_file({**state, "extra.weight": torch.zeros(2)}, str(path / WEIGHTS))
+    with pytest.raises(CheckpointError, match=r"unexpected \['extra.weight'\] \(1\)"):
+        vela2.load(path)
+    state["option_head.out.weight"] = torch.zeros(1, 3)
+    save_file(state, str(path / WEIGHTS))
+    with pytest.raises(CheckpointError, match=r"option_head.out.weight: stored shape \(1, 3\); config expects"):
+        vela2.load(path)
+
+
+@pytest.mark.parametrize("missing", ["config.json", "tokenizer.json", WEIGHTS])
+def test_missing_files(demo_dir, tmp_path, missing):
+    path = _copy(demo_dir, tmp_path)
+    (path / missing).unlink()
+    with pytest.raises(CheckpointError):
+        vela2.load(path)
+
+
+def test_bad_config(demo_dir, tmp_path):
+    path = _copy(demo_dir, tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    with pytest.raises(CheckpointError, match="model_type must be 'vela2'; got 'llama'"):
+        vela2.load(path)
+    del cfg["name"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="lacks the key 'name'"):
+        vela2.load(path)
+
+
+def test_save_of_a_bf16_held_model_keeps_release_dtypes(demo_dir, tmp_path):
+    m16 = vela2.load(demo_dir, dtype=torch.bfloat16)
+    vela2.save(m16, tmp_path / "from16")
+    a, b = load_file(str(demo_dir / WEIGHTS)), load_file(str(tmp_path / "from16" / WEIGHTS))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        if a[k].dtype == torch.bfloat16 or k.startswith(("option_head", "span_head")):
+            assert torch.equal(a[k], b[k]), k  # bf16 weights and fp32 heads survive exactly
+        else:
+            np.testing.assert_allclose(a[k].numpy(), b[k].numpy(), rtol=1e-2, atol=1e-6)

@@ -1,0 +1,162 @@
+"""`vela2 predict`: one result line per input line, in order, bad lines as well-formed errors next to
+rows and SystemOne requests, `--units` on a long row, stdin / stdout, precisions, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import numpy as np
+import pytest
+
+import vela2
+from vela2.cli import main
+from vela2.rendering import split_words
+from vela2.systemone import system_one_request
+
+TEXT = "Alice Smith from Acme wrote to bob@globex.com about the refund for order 4471 on Monday."
+ROW = {
+    "id": "row-1",
+    "task": "choice:boolq",
+    "text": TEXT,
+    "questions": [{"question": "Is it polite?", "options": ["yes", "no"]}],
+}
+SPAN_ROW = {"id": "row-2", "task": "span:pii_cli", "text": TEXT, "questions": [{"labels": ["person", "email"]}]}
+S1 = {
+    "model": "vela2-demo",
+    "id": "req-1",
+    "input": {"user": "Hi, I am Alice.", "assistant": "Hello Alice!"},
+    "tasks": [
+        {"name": "intent", "kind": "choice", "options": ["greeting", "complaint"]},
+        {"name": "pii", "kind": "span", "labels": ["person"], "fields": ["user"]},
+    ],
+}
+S1_BAD_MODEL = {**S1, "id": "req-2", "model": "vela2-9b"}
+BAD_ROW = {"id": "row-bad", "task": "choice:boolq", "text": TEXT, "questions": [{"options": ["yes"]}]}
+
+LINES = [
+    json.dumps(ROW),
+    '{"id": "broken", "task": ',  # not JSON
+    json.dumps(S1),
+    json.dumps(BAD_ROW),
+    json.dumps(S1_BAD_MODEL),
+    json.dumps(SPAN_ROW),
+    "[1, 2, 3]",
+    json.dumps({"id": "row-3", "task": "nope:x", "text": TEXT, "questions": [{"options": ["a", "b"]}]}),
+    json.dumps({**ROW, "id": "row-4"}),
+]
+
+
+def run_predict(demo_dir, tmp_path, lines: list[str], *extra: str) -> list[dict]:
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["predict", "--checkpoint", str(demo_dir), str(inp), "--out", str(out), *extra]) == 0
+    return [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+
+
+def assert_error_line(d: dict, rid: str, etype: str, *needles: str) -> None:
+    assert d["status"] == "error" and d["id"] == rid
+    assert set(d["error"]) == {"type", "message"} and d["error"]["type"] == etype
+    for n in needles:
+        assert n in d["error"]["message"], (n, d["error"]["message"])
+
+
+def test_predict_file_mixed_lines(demo_dir, demo_model, tmp_path, capsys):
+    out = run_predict(demo_dir, tmp_path, LINES, "--precision", "fp32")
+    assert len(out) == len(LINES)
+    assert [d["id"] for d in out] == [
+        "row-1",
+        "line-2",
+        "req-1",
+        "row-bad",
+        "req-2",
+        "row-2",
+        out[6]["id"],
+        "row-3",
+        "row-4",
+    ]
+    assert [d["status"] for d in out] == ["ok", "error", "ok", "error", "error", "ok", "error", "error", "ok"]
+    assert_error_line(out[1], "line-2", "invalid_request", "line 2", "not valid JSON")
+    assert_error_line(out[3], "row-bad", "invalid_request", "questions[0]", "at least 2 options", "got 1")
+    assert_error_line(out[4], "req-2", "model_mismatch", "vela2-9b", "vela2-demo")
+    assert_error_line(out[6], out[6]["id"], "invalid_request", "JSON object")
+    assert_error_line(out[7], "row-3", "invalid_request", "'nope'")
+    # the ok lines carry exactly what predict() / system_one_request() give (same numbers)
+    ref = vela2.predict(demo_model, [ROW, SPAN_ROW], precision="fp32")
+    for d, r in ((out[0], ref[0]), (out[5], ref[1])):
+        want = r.to_json_dict()
+        assert d["task"] == want["task"]
+        for a, b in zip(d["answers"], want["answers"], strict=True):
+            assert a.keys() == b.keys() and a.get("decision") == b.get("decision")
+            assert max(abs(a["probs"][k] - b["probs"][k]) for k in a["probs"]) <= 1e-5
+    assert "units" not in out[5]["answers"][0]
+    s1 = system_one_request(demo_model, S1, precision="fp32")
+    assert out[2]["tasks"].keys() == s1["tasks"].keys()
+    assert out[2]["tasks"]["intent"]["decision"] == s1["tasks"]["intent"]["decision"]
+    assert out[2]["tasks"]["intent"]["probs"] == pytest.approx(s1["tasks"]["intent"]["probs"], abs=1e-5)
+
+
+def test_summary_on_stderr(demo_dir, tmp_path, capsys):
+    run_predict(demo_dir, tmp_path, LINES, "--precision", "fp32")
+    assert f"{len(LINES)} lines, 5 errors" in capsys.readouterr().err
+
+
+def test_units_on_a_long_row(demo_dir, tmp_path):
+    rng = random.Random(3)
+    words = "the of and to company market report price bank city police court Alice Bob Acme".split()
+    text = "Alice Smith " + " ".join(rng.choice(words) for _ in range(1500)) + " bob@globex.com"
+    row = {"id": "long", "task": "span:pii_long", "text": text, "questions": [{"labels": ["person", "email"]}]}
+    choice = {**ROW, "id": "plain"}
+    out = run_predict(demo_dir, tmp_path, [json.dumps(row), json.dumps(choice)], "--units", "--precision", "fp32")
+    assert [d["id"] for d in out] == ["long", "plain"]
+    units = out[0]["answers"][0]["units"]
+    offsets = units["offsets"]
+    assert offsets == split_words(text).tolist()  # every word of the whole text, in order
+    assert offsets[0][0] == 0 and offsets[-1][1] == len(text)
+    assert all(a[1] <= b[0] for a, b in zip(offsets, offsets[1:], strict=False))
+    assert set(units["probs"]) == {"person", "email"}
+    assert all(len(v) == len(offsets) for v in units["probs"].values())
+    assert all(0.0 <= p <= 1.0 for v in units["probs"].values() for p in v)
+    for s in out[0]["answers"][0]["spans"]:
+        assert text[s["start"] : s["end"]] == s["text"]
+    assert "units" not in out[1]["answers"][0]  # choice answers have no word units
+
+
+def test_units_on_the_row_without_the_flag(demo_dir, tmp_path):
+    out = run_predict(
+        demo_dir, tmp_path, [json.dumps({**SPAN_ROW, "units": True}), json.dumps(SPAN_ROW)], "--precision", "fp32"
+    )
+    assert "units" in out[0]["answers"][0] and "units" not in out[1]["answers"][0]
+
+
+class KeptOpen(io.StringIO):
+    """A stream that records a close() instead of closing (so its text can still be read)."""
+
+    closed_by_caller = False
+
+    def close(self) -> None:
+        self.closed_by_caller = True
+
+
+def test_stdin_stdout_and_bf16(demo_dir, monkeypatch):
+    stdin = KeptOpen(json.dumps(ROW) + "\n" + json.dumps(SPAN_ROW) + "\n")
+    stdout = KeptOpen()
+    monkeypatch.setattr("sys.stdin", stdin)
+    monkeypatch.setattr("sys.stdout", stdout)
+    assert main(["predict", "--checkpoint", str(demo_dir), "-", "--device", "cpu"]) == 0  # bf16 default
+    lines = stdout.getvalue().splitlines()
+    assert [json.loads(x)["id"] for x in lines] == ["row-1", "row-2"]
+    probs = json.loads(lines[0])["answers"][0]["probs"]
+    assert sum(probs.values()) == pytest.approx(1.0) and np.isfinite(list(probs.values())).all()
+    # main() is callable in-process: it must not close the process's stdout
+    assert not stdout.closed_by_caller
+
+
+def test_bad_checkpoint_and_missing_input(tmp_path, demo_dir, capsys):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps(ROW) + "\n")
+    assert main(["predict", "--checkpoint", str(tmp_path / "nope"), str(inp)]) == 2
+    assert "config.json does not exist" in capsys.readouterr().err
+    assert main(["predict", "--checkpoint", str(demo_dir), str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err

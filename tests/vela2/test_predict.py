@@ -1,0 +1,460 @@
+"""predict() on the demo model: bundled == single, batched == alone (fp32, <= 1e-5), bad rows next to
+good ones, precisions, and long texts (windows, span merge, option pooling, units, the word limit)."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+import vela2
+from vela2.config import LIMITS
+from vela2.demo import sample_rows
+from vela2.errors import PrecisionError
+from vela2.pipeline import SeqOutput, finish, merge_span_windows, pool_option_windows, prepare, run_batch
+from vela2.rendering import RenderedRow, Sequence, split_words
+
+TOL = 1e-5  # fp32 on the demo model: bundled / batched / alone agree to this (max |prob diff|)
+
+TEXT = (
+    "Alice Smith from Acme wrote to bob@globex.com on Monday. She asked whether the refund for "
+    "order 4471 was sent, and said the support team at Initech was very helpful."
+)
+FILLER = (
+    "the of and to in is was for on that with as by at from it be this are or an have not which "
+    "company market report price bank city police court party group water school health data "
+    "question answer person email phone address account number name team game music film"
+).split()
+
+
+def flat(res) -> dict[str, Any]:
+    """Every number and decision of a result, keyed by where it sits (for exact-key comparisons)."""
+    assert res.status == "ok", res
+    out: dict[str, Any] = {}
+    for i, a in enumerate(res.answers):
+        for k, v in a.probs.items():
+            out[f"{i}.probs.{k}"] = v
+        out[f"{i}.decision"] = a.decision
+        for key in ("abstain_probability", "expected", "gate_fired"):
+            out[f"{i}.{key}"] = getattr(a, key)
+        if a.spans is not None:
+            out[f"{i}.spans"] = [(s.label, s.start, s.end, s.text) for s in a.spans]
+            for j, s in enumerate(a.spans):
+                out[f"{i}.span{j}.score"] = s.score
+        if a.units is not None:
+            out[f"{i}.offsets"] = a.units.offsets
+            for k, v in a.units.probs.items():
+                out[f"{i}.units.{k}"] = np.array(v)
+        if a.logits is not None:
+            out[f"{i}.logits"] = np.array(a.logits)
+    return out
+
+
+def assert_close(a, b, tol: float = TOL) -> float:
+    """Same keys, same decisions / spans / offsets, numbers within `tol`; returns the max diff."""
+    fa, fb = flat(a), flat(b)
+    assert fa.keys() == fb.keys()
+    worst = 0.0
+    for k in fa:
+        x, y = fa[k], fb[k]
+        if isinstance(x, float | np.ndarray) and not isinstance(x, bool):
+            d = float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) if np.size(x) else 0.0
+            assert d <= tol, (k, d)
+            worst = max(worst, d)
+        else:
+            assert x == y, k
+    return worst
+
+
+def single_rows(row: dict) -> list[dict]:
+    """Each question of a bundled row asked alone, as its own row."""
+    out = []
+    for i, q in enumerate(row["questions"]):
+        q = dict(q)
+        out.append({**row, "id": f"{row['id']}-q{i}", "task": q.pop("task", row["task"]), "questions": [q]})
+    return out
+
+
+BUNDLES = [
+    {
+        "id": "b1",
+        "task": "choice:oasst1",
+        "text": TEXT,
+        "units": True,
+        "questions": [
+            {"question": "Is the tone polite?", "options": ["yes", "no"]},
+            {"question": "What is the topic?", "options": ["finance", "sports", "support"]},
+            {"task": "span:ents", "labels": ["person", "company"]},
+        ],
+    },
+    {
+        "id": "b2",
+        "task": "score:helpsteer2",
+        "text": TEXT,
+        "units": True,
+        "logits": True,
+        "questions": [
+            {"options": ["0", "1", "2", "3", "4"]},
+            {"task": "set:shield", "options": ["violence", "self-harm", "hate", "privacy"]},
+            {"task": "span:pii_dev", "labels": ["person", "email", "phone"]},
+            {"task": "choice:boolq", "question": "Was the refund sent?", "options": ["yes", "no"]},
+        ],
+    },
+]
+
+
+@pytest.mark.parametrize("row", BUNDLES, ids=lambda r: r["id"])
+def test_bundled_equals_single(demo_model, row):
+    (bundled,) = vela2.predict(demo_model, [row], precision="fp32")
+    singles = [vela2.predict(demo_model, [r], precision="fp32")[0] for r in single_rows(row)]
+    for i, s in enumerate(singles):
+        one = bundled.model_copy(update={"answers": [bundled.answers[i].model_copy(update={"question": 0})]})
+        assert_close(one, s)
+
+
+def test_batched_equals_alone(demo_model):
+    rows = [dict(r, units=True) for r in [*sample_rows(), *BUNDLES]]
+    alone = [vela2.predict(demo_model, [r], precision="fp32")[0] for r in rows]
+    # default budget (one padded batch), one sequence per batch, packed rows (block-diagonal mask)
+    for kw in ({}, {"max_batch_tokens": 1}, {"row_tokens": 1024}):
+        together = vela2.predict(demo_model, rows[::-1], precision="fp32", **kw)[::-1]
+        assert [r.id for r in together] == [r["id"] for r in rows]
+        for a, b in zip(together, alone, strict=True):
+            assert_close(a, b)
+
+
+def test_answers_are_well_formed(demo_model):
+    rows = sample_rows()
+    by_id = {r["id"]: r for r in rows}
+    for res in vela2.predict(demo_model, rows, precision="fp32"):
+        d = res.to_json_dict()
+        assert d["status"] == "ok" and d["id"] in by_id
+        assert set(d["timings"]) >= {"queue_ms", "render_ms", "model_ms", "decode_ms"}
+        row = by_id[res.id]
+        for i, a in enumerate(res.answers):
+            task = row["questions"][i].get("task", row["task"])
+            kind = task.split(":")[0]
+            assert a.question == i and a.task == task
+            if kind in ("choice", "score"):
+                assert sum(a.probs.values()) == pytest.approx(1.0, abs=1e-9)
+                assert a.decision == max(a.probs, key=a.probs.get)
+                assert 0.0 < a.abstain_probability < 1.0
+                if kind == "score":
+                    vals = [float(o) for o in a.probs]
+                    assert a.expected == pytest.approx(sum(v * p for v, p in zip(vals, a.probs.values(), strict=True)))
+            elif kind == "set":
+                assert a.decision == [o for o, p in a.probs.items() if p >= 0.5]
+                assert a.abstain_probability is None
+            else:
+                for s in a.spans:
+                    assert row["text"][s.start : s.end] == s.text and 0.0 <= s.score <= 1.0
+                assert (a.gate_fired is not None) == task.startswith("span:pii")
+
+
+def test_precisions(demo_model):
+    rows = [dict(r, units=True) for r in sample_rows()]
+    r32 = vela2.predict(demo_model, rows, precision="fp32")
+    r16 = vela2.predict(demo_model, rows, precision="bf16")
+    worst = 0.0
+    for a, b in zip(r16, r32, strict=True):
+        assert a.status == "ok"
+        for x, y in zip(a.answers, b.answers, strict=True):
+            assert x.probs.keys() == y.probs.keys()
+            worst = max(worst, *(abs(x.probs[k] - y.probs[k]) for k in x.probs))
+            if x.units:
+                for k in x.units.probs:
+                    worst = max(worst, float(np.abs(np.subtract(x.units.probs[k], y.units.probs[k])).max()))
+    assert 0.0 < worst < 0.1  # bf16 differs from fp32, but only by rounding noise
+    with pytest.raises(PrecisionError, match="got 'fp16'"):
+        vela2.predict(demo_model, rows, precision="fp16")
+
+
+# --- bad rows ------------------------------------------------------------------------------------
+
+GOOD = {
+    "id": "g",
+    "task": "choice:boolq",
+    "text": "The sky is blue.",
+    "questions": [{"question": "Is it?", "options": ["yes", "no"]}],
+}
+
+
+def _without(key: str) -> dict:
+    return {k: v for k, v in GOOD.items() if k != key}
+
+
+# (row, error type, substrings the message must contain: the field, the limit, the value)
+BAD_ROWS: list[tuple[Any, str, list[str]]] = [
+    ({**GOOD, "id": "t1", "text": 5}, "invalid_request", ["text", "valid string", "got 5"]),
+    ({**_without("text"), "id": "t2"}, "invalid_request", ["text: field required"]),
+    ({**_without("questions"), "id": "t3"}, "invalid_request", ["questions: field required"]),
+    ({**GOOD, "id": "t4", "questions": []}, "invalid_request", ["questions", "at least 1", "[]"]),
+    ({**GOOD, "id": "t5", "questions": "x"}, "invalid_request", ["questions", "valid list", "'x'"]),
+    (
+        {**GOOD, "id": "t6", "task": "span:x", "questions": [{"question": "q"}]},
+        "invalid_request",
+        ["questions[0]", "at least 1 labels", "got 0"],
+    ),
+    (
+        {**GOOD, "id": "t7", "questions": [{"options": ["yes"]}]},
+        "invalid_request",
+        ["questions[0]", "at least 2 options", "got 1"],
+    ),
+    (
+        {**GOOD, "id": "t8", "questions": [{"options": ["yes", "no", "yes"]}]},
+        "invalid_request",
+        ["questions[0]", "duplicate option", "'yes'"],
+    ),
+    ({**GOOD, "id": "t9", "task": "foo:bar"}, "invalid_request", ["task", "choice, score, set, span", "'foo'"]),
+    ({**GOOD, "id": "t10", "task": "choice"}, "invalid_request", ["task", "'type:name'", "'choice'"]),
+    ({**GOOD, "id": "t11", "text": "  \n\t "}, "invalid_request", ["text is empty"]),
+    ({**GOOD, "id": "t12", "text": ""}, "invalid_request", ["text is empty"]),
+    (
+        {**GOOD, "id": "t13", "questions": [{"options": ["a", 3]}]},
+        "invalid_request",
+        ["questions[0].options[1]", "valid string", "got 3"],
+    ),
+    (
+        {**GOOD, "id": "t14", "questions": [{"options": [str(i) for i in range(65)]}]},
+        "limit_exceeded",
+        ["questions[0]", "options", "65", "limit 64"],
+    ),
+    (
+        {**GOOD, "id": "t15", "questions": [{"options": ["a", "b"], "labels": ["x"]}]},
+        "invalid_request",
+        ["questions[0]", "options, not labels"],
+    ),
+    ({**GOOD, "id": "t16", "extra": 1}, "invalid_request", ["extra", "unknown field"]),
+    ({**GOOD, "id": "t17", "units": "yes"}, "invalid_request", ["units", "boolean", "'yes'"]),
+    (
+        {**GOOD, "id": "t18", "text": "a " * (LIMITS.max_text_words + 1)},
+        "limit_exceeded",
+        ["text has 65,537 words", "limit 65,536"],
+    ),
+    (
+        {**GOOD, "id": "t19", "questions": [{"options": ["a", "b"], "task": "zzz:a"}]},
+        "invalid_request",
+        ["questions[0]", "choice, score, set, span", "'zzz'"],
+    ),
+    (
+        {**GOOD, "id": "t20", "questions": [{"options": ["a", " "]}]},
+        "invalid_request",
+        ["questions[0]", "non-empty", "' '"],
+    ),
+    (
+        {**GOOD, "id": "t21", "questions": [{"options": ["a", "b"]}] * 33},
+        "limit_exceeded",
+        ["questions", "33", "limit 32"],
+    ),
+    ([1, 2], "invalid_request", ["JSON object", "list"]),
+    ("a string", "invalid_request", ["JSON object", "str"]),
+]
+
+
+def test_bad_rows_get_errors_and_the_rest_still_run(demo_model):
+    rows = [GOOD, *[r for r, _, _ in BAD_ROWS], {**GOOD, "id": "g2", "text": "Grass is green."}]
+    results = vela2.predict(demo_model, rows, precision="fp32")
+    assert len(results) == len(rows)
+    assert results[0].status == "ok" and results[-1].status == "ok"
+    assert_close(results[0], vela2.predict(demo_model, [GOOD], precision="fp32")[0])
+    problems = []
+    for res, (row, code, parts) in zip(results[1:-1], BAD_ROWS, strict=True):
+        d = res.to_json_dict()
+        assert d["status"] == "error" and set(d["error"]) == {"type", "message"} and "answers" not in d
+        if isinstance(row, dict) and isinstance(row.get("id"), str):
+            assert d["id"] == row["id"]
+        else:
+            assert d["id"].startswith("h-")  # a deterministic content id
+        missing = [p for p in parts if p not in d["error"]["message"]]
+        if d["error"]["type"] != code or missing:
+            problems.append((d["id"], d["error"], "missing", missing))
+    assert not problems
+
+
+# --- long texts ----------------------------------------------------------------------------------
+
+
+def filler(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(FILLER) for _ in range(n))
+
+
+HEAD = "Alice Smith alice@acme.com wrote"
+TAIL = "signed Bob Jones bob@globex.com"
+LONG_TEXT = f"{HEAD} {filler(1500, 1)} {TAIL}"  # about 3x the demo window (484 words)
+LONG_ROW = {
+    "id": "long",
+    "task": "span:pii_long",
+    "text": LONG_TEXT,
+    "units": True,
+    "logits": True,
+    "questions": [
+        {"labels": ["person", "email"]},
+        {"task": "choice:c", "question": "Is it an email?", "options": ["yes", "no", "maybe"]},
+        {"task": "span:ents", "labels": ["company"]},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def long_result(demo_model):
+    return vela2.predict(demo_model, [LONG_ROW], precision="fp32")[0]
+
+
+def farthest_window(prep, g: int) -> int:
+    """The window whose cut edges are farthest from word g (ties: the earlier window)."""
+    n_words = prep.rendered.num_words
+    best, best_d = -1, -1.0
+    for k, s in enumerate(prep.sequences):
+        ws, n = s.word_start, s.num_words
+        if not ws <= g < ws + n:
+            continue
+        left = g - ws if ws > 0 else math.inf
+        right = ws + n - 1 - g if ws + n < n_words else math.inf
+        if min(left, right) > best_d:
+            best, best_d = k, min(left, right)
+    return best
+
+
+def test_long_text_windows_merge_and_pool(demo_model, long_result):
+    prep = prepare(demo_model, LONG_ROW)
+    seqs = prep.sequences
+    assert len(seqs) >= 3
+    alone = [run_batch(demo_model, [s], "fp32")[0] for s in seqs]  # each window on its own
+    res = long_result
+    offsets = split_words(LONG_TEXT).tolist()
+    for q in (0, 2):
+        units = res.answers[q].units
+        assert [list(o) for o in units.offsets] == offsets
+        assert units.offsets[-1][1] == len(LONG_TEXT)
+        for k, lab in enumerate(units.logits):
+            got = np.array(units.logits[lab])
+            want = np.array(
+                [
+                    alone[w].spans[q][g - seqs[w].word_start, k]
+                    for g, w in ((g, farthest_window(prep, g)) for g in range(len(offsets)))
+                ]
+            )
+            assert np.abs(got - want).max() <= TOL
+            # the planted words at both ends come from the windows that hold the text's own edges
+            assert got[0] == pytest.approx(alone[0].spans[q][0, k], abs=TOL)
+            assert got[-1] == pytest.approx(alone[-1].spans[q][-1, k], abs=TOL)
+    # option logits: the mean of the windows' raw logits
+    mean = np.mean([a.options[1] for a in alone], axis=0)
+    assert np.abs(np.array(res.answers[1].logits) - mean).max() <= TOL
+    assert [LONG_TEXT[s:e] for s, e in offsets[:4]] == ["Alice", "Smith", "alice", "@"]
+    assert [LONG_TEXT[s:e] for s, e in offsets[-3:]] == ["globex", ".", "com"]
+    for s in res.answers[0].spans + res.answers[2].spans:
+        assert LONG_TEXT[s.start : s.end] == s.text
+
+
+def test_long_text_same_answers_whatever_the_batch(demo_model, long_result):
+    others = [dict(r, units=True) for r in sample_rows()]
+    for kw in ({"max_batch_tokens": 600}, {"max_batch_tokens": 1 << 20}, {"row_tokens": 2048}):
+        mixed = vela2.predict(demo_model, [others[0], LONG_ROW, *others[1:]], precision="fp32", **kw)
+        assert_close(mixed[1], long_result)
+    assert_close(vela2.predict(demo_model, [LONG_ROW], precision="fp32", max_batch_tokens=600)[0], long_result)
+
+
+def _synthetic_outputs(prep, planted: set[int], edge_garbage: int) -> list[SeqOutput]:
+    """Span logits +6 on planted words, -6 elsewhere; -6 also within `edge_garbage` words of a cut
+    window edge (so a merge taking a word from the wrong window breaks the planted runs)."""
+    n_words = prep.rendered.num_words
+    outs = []
+    for s in prep.sequences:
+        ws, n = s.word_start, s.num_words
+        logits = np.full((n, 1), -6.0, dtype=np.float32)
+        for j in range(n):
+            g = ws + j
+            near_cut = (ws > 0 and j < edge_garbage) or (ws + n < n_words and n - 1 - j < edge_garbage)
+            if g in planted and not near_cut:
+                logits[j, 0] = 6.0
+        outs.append(SeqOutput(options={1: np.array([float(s.window), 0.0, 1.0], dtype=np.float32)}, spans={0: logits}))
+    return outs
+
+
+def test_planted_runs_at_both_ends_and_across_a_window_boundary(demo_model):
+    row = {
+        "id": "syn",
+        "task": "span:ents",
+        "text": LONG_TEXT,
+        "units": True,
+        "logits": True,
+        "questions": [{"labels": ["person"]}, {"task": "choice:c", "options": ["a", "b"]}],
+    }
+    prep = prepare(demo_model, row)
+    s0, s1 = prep.sequences[0], prep.sequences[1]
+    end0 = s0.word_start + s0.num_words
+    assert s1.word_start < end0 - 20  # the windows overlap
+    n_words = prep.rendered.num_words
+    across = set(range(s1.word_start - 5, end0 + 5))  # starts in window 0 only, ends in window 1 only
+    planted = {0, 1} | across | {n_words - 2, n_words - 1}
+    outs = _synthetic_outputs(prep, planted, edge_garbage=4)
+    res = finish(demo_model, prep, outs, {"queue_ms": 0.0, "model_ms": 0.0})
+    offs = prep.rendered.offsets
+    spans = [(s.start, s.end, s.text) for s in res.answers[0].spans]
+    first, last = min(across), max(across)
+    assert spans == [
+        (0, int(offs[1, 1]), "Alice Smith"),
+        (int(offs[first, 0]), int(offs[last, 1]), LONG_TEXT[offs[first, 0] : offs[last, 1]]),
+        (int(offs[-2, 0]), len(LONG_TEXT), ".com"),
+    ]
+    assert res.answers[0].spans[1].score == pytest.approx(1 / (1 + math.exp(-6.0)), abs=1e-6)
+    # option logits pooled as the mean over windows: window index mean, 0, 1
+    n = len(prep.sequences)
+    assert res.answers[1].logits == pytest.approx([(n - 1) / 2, 0.0, 1.0], abs=1e-6)
+    assert res.answers[1].probs == pytest.approx(
+        dict(zip(["a", "b"], np.exp([(n - 1) / 2, 0.0]) / np.exp([(n - 1) / 2, 0.0]).sum(), strict=True))
+    )
+
+
+def _fake_rendered(n_words: int, windows: list[tuple[int, int]]) -> RenderedRow:
+    seqs = [Sequence("r", k, ws, [], [], [], [], list(range(we - ws))) for k, (ws, we) in enumerate(windows)]
+    row = vela2.schemas.parse_row({"id": "r", "task": "span:t", "text": "x", "questions": [{"labels": ["l"]}]})
+    return RenderedRow(row=row, offsets=np.zeros((n_words, 2), dtype=np.int64), sequences=seqs)
+
+
+def test_merge_rule_by_hand():
+    # 10 words; windows [0, 6) and [3, 10): words 3, 4, 5 are in both.
+    # word 3: window 0 distance to its cut edge 2, window 1 distance 0 -> window 0
+    # word 4: 1 vs 1 -> tie -> the earlier window; word 5: 0 vs 2 -> window 1
+    rendered = _fake_rendered(10, [(0, 6), (3, 10)])
+    w0 = SeqOutput(spans={0: np.full((6, 1), 0.0, dtype=np.float32)})
+    w1 = SeqOutput(spans={0: np.full((7, 1), 1.0, dtype=np.float32)})
+    merged = merge_span_windows(rendered, [w0, w1], 0)
+    assert merged[:, 0].tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
+    # three windows: the middle one wins where it is deepest
+    rendered = _fake_rendered(12, [(0, 6), (3, 9), (6, 12)])
+    outs = [SeqOutput(spans={0: np.full((6, 1), float(k), dtype=np.float32)}) for k in range(3)]
+    assert merge_span_windows(rendered, outs, 0)[:, 0].tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
+    pooled = pool_option_windows(
+        [SeqOutput(options={0: np.array([1.0, 2.0])}), SeqOutput(options={0: np.array([3.0, 6.0])})], 0
+    )
+    assert pooled.tolist() == [2.0, 4.0]
+
+
+# --- the longest texts ---------------------------------------------------------------------------
+
+
+def test_32k_words_with_units(demo_model):
+    n = 32_768
+    text = f"{HEAD} {filler(n - 16, 2)} {TAIL}"  # HEAD and TAIL hold 8 words each
+    row = {
+        "id": "huge",
+        "task": "span:pii_huge",
+        "text": text,
+        "units": True,
+        "questions": [{"labels": ["person", "email"]}, {"task": "choice:c", "options": ["yes", "no"]}],
+    }
+    (res,) = vela2.predict(demo_model, [row], precision="fp32")
+    assert res.status == "ok", res.error
+    units = res.answers[0].units
+    assert len(units.offsets) == n
+    assert [list(o) for o in units.offsets] == split_words(text).tolist()
+    assert units.offsets[-1][1] == len(text)
+    assert all(len(v) == n for v in units.probs.values())
+    assert all(text[s:e] == t for s, e, t in ((x.start, x.end, x.text) for x in res.answers[0].spans))
+    assert sum(res.answers[1].probs.values()) == pytest.approx(1.0)
