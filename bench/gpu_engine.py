@@ -1,7 +1,7 @@
 """Engine benchmark: our token-budget batching vs batch-1 vs fixed batches of 32, and bundling.
 
     python -m bench.gpu_engine --out bench/results/gpu.json [--layers 36] [--copies 1] \
-        [--max-batch-tokens 65536]
+        [--max-batch-tokens 65536] [--row-tokens 2048] [--attn sdpa,flex]
 
 Builds a Qwen2-layout backbone (default: hidden 4096, 36 layers, MLP 14336, 32 heads / 8 KV heads,
 7.85B non-embedding parameters, the 9B export's shapes) with seeded random weights directly on the
@@ -16,7 +16,13 @@ device in bf16, with the demo tokenizer and a 2,048-token window. On the workloa
     batch1   one sequence per forward, arrival order;
     fixed32  consecutive batches of 32 sequences in arrival order, padded to their longest;
   each reports real / padded tokens, padding fraction, seconds, real tokens/s and
-  MFU on real tokens = 2 x non-embedding params x real tokens / seconds / matmul peak;
+  MFU on real tokens = 2 x non-embedding params x real tokens / seconds / matmul peak,
+  plus its warm-up pass: seconds, kernels compiled (torch.compile of flex attention) and
+  compile seconds ~ warm-up - timed (a full warm-up pass runs the timed batches once more);
+- --attn sdpa,flex: `ours` under each attention backend (vela2.attention; the first is the
+  headline and also runs bundling / engine; the others run only the packed --row-tokens modes,
+  as `ours_<attn>` / `ours_rows<R>_<attn>`); batch1 / fixed32 always run sdpa (unpacked rows
+  of many lengths would compile a flex kernel per shape);
 - bundling: the multi-question rows bundled vs `split_bundles` (each question its own sequence),
   both packed like `ours`: questions/s and the ratio;
 - engine-only rows/s: vela2.predict over all rows (render + pack + forward + decode, no queue),
@@ -80,7 +86,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     ap.add_argument("--warmup-batches", type=int, default=0,
                     help="batches of each arm run as its warm-up (0 = one full pass)")
+    ap.add_argument("--attn", default="sdpa",
+                    help="comma list of attention backends (sdpa, flex) for `ours`; the first is the headline")
+    ap.add_argument("--flex-compile", choices=("static", "auto"), default="static",
+                    help="flex kernels: static = one per (rows, length) shape; auto = torch.compile dynamic=None")
     args = ap.parse_args(argv)
+    from vela2.attention import ATTENTIONS
+
+    args.attns = args.attn.split(",")
+    if set(args.attns) - set(ATTENTIONS) or len(set(args.attns)) != len(args.attns):
+        ap.error(f"--attn must be distinct names from {','.join(ATTENTIONS)}; got {args.attn!r}")
     unknown = set(args.arms.split(",")) - set(ARMS)
     if unknown:
         ap.error(f"--arms: unknown {sorted(unknown)}; choose from {','.join(ARMS)}")
@@ -213,33 +228,48 @@ def fixed_batches(n: int, size: int) -> list[list[int]]:
     return [list(range(k, min(k + size, n))) for k in range(0, n, size)]
 
 
-def batch_padded(lengths: list[int], batch: list[int], row_tokens: int | None = None) -> int:
+def batch_padded(lengths: list[int], batch: list[int], row_tokens: int | None = None, attn: str = "sdpa") -> int:
     """Tokens one padded forward computes, as pipeline.collate lays the batch out: rows x longest row
     (a row is one sequence, or with `row_tokens` the sequences pipeline.plan_rows puts together).
+    Under flex, rows are at least row_tokens long, rounded up to whole 128-token tiles (Vela2Model.encode).
     """
-    if row_tokens is None:
-        return max(lengths[i] for i in batch) * len(batch)
+    from vela2.attention import padded_length
     from vela2.pipeline import plan_rows
 
     sub = [lengths[i] for i in batch]
-    rows = plan_rows(sub, row_tokens)
-    return len(rows) * max(sum(sub[k] for k in row) for row in rows)
+    rows = [[k] for k in range(len(sub))] if row_tokens is None else plan_rows(sub, row_tokens)
+    longest = max(sum(sub[k] for k in row) for row in rows)
+    if attn == "flex":
+        longest = padded_length(max(longest, row_tokens or 0))
+    return len(rows) * longest
 
 
-def padded_cost(lengths: list[int], batches: list[list[int]], row_tokens: int | None = None) -> int:
+def padded_cost(lengths: list[int], batches: list[list[int]], row_tokens: int | None = None,
+                attn: str = "sdpa") -> int:
     """Tokens the padded forwards of all batches compute."""
-    return sum(batch_padded(lengths, b, row_tokens) for b in batches)
+    return sum(batch_padded(lengths, b, row_tokens, attn) for b in batches)
 
 
 def time_batches(model, sequences: list, batches: list[list[int]], precision: str,
                  warmup_batches: int = 0, row_tokens: int | None = None) -> dict[str, Any]:
-    """Run `batches` once as a warm-up (all, or the first `warmup_batches`), then once timed."""
+    """Run `batches` once as a warm-up (all, or the first `warmup_batches`), then once timed.
+
+    Also reports the warm-up's seconds and the kernels torch.compile built in each pass (flex
+    attention compiles per new shape, in the warm-up; a compile in the timed pass is a bug).
+    """
+    from vela2.attention import compile_stats
     from vela2.pipeline import run_batch
 
     device = model.device
     warm = batches if warmup_batches <= 0 else batches[:warmup_batches]
+    graphs0 = compile_stats()["unique_graphs"]
+    _sync(device)
+    t0 = time.perf_counter()
     for b in warm:
         run_batch(model, [sequences[i] for i in b], precision, row_tokens)
+    _sync(device)
+    warmup_s = time.perf_counter() - t0
+    graphs1 = compile_stats()["unique_graphs"]
     _reset_peak(device)
     _sync(device)
     t0 = time.perf_counter()
@@ -247,18 +277,22 @@ def time_batches(model, sequences: list, batches: list[list[int]], precision: st
         run_batch(model, [sequences[i] for i in b], precision, row_tokens)  # outputs to the host: syncs
     _sync(device)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "peak_memory_gib": _peak_gib(device)}
+    return {"seconds": seconds, "peak_memory_gib": _peak_gib(device), "warmup_seconds": warmup_s,
+            "warmup_compiles": graphs1 - graphs0, "timed_compiles": compile_stats()["unique_graphs"] - graphs1,
+            "compile_seconds_est": max(0.0, warmup_s - seconds) if len(warm) == len(batches) else None}
 
 
 def arm_stats(name: str, lengths: list[int], batches: list[list[int]], timing: dict[str, Any],
-              non_embedding: int, peak_flops: float, row_tokens: int | None = None) -> dict[str, Any]:
+              non_embedding: int, peak_flops: float, row_tokens: int | None = None,
+              attn: str = "sdpa") -> dict[str, Any]:
     """Tokens, padding, throughput and MFU of one timed arm."""
     real = sum(lengths[i] for b in batches for i in b)
-    per_batch = [batch_padded(lengths, b, row_tokens) for b in batches]
+    per_batch = [batch_padded(lengths, b, row_tokens, attn) for b in batches]
     padded = sum(per_batch)
     s = timing["seconds"]
     return {
         "arm": name,
+        "attention": attn,
         "row_tokens": row_tokens,
         "sequences": sum(len(b) for b in batches),
         "batches": len(batches),
@@ -272,6 +306,10 @@ def arm_stats(name: str, lengths: list[int], batches: list[list[int]], timing: d
         "mfu_real_tokens": round(2.0 * non_embedding * real / s / peak_flops, 4),
         "mfu_padded_tokens": round(2.0 * non_embedding * padded / s / peak_flops, 4),
         "peak_memory_gib": timing["peak_memory_gib"],
+        "warmup_seconds": None if (w := timing.get("warmup_seconds")) is None else round(w, 4),
+        "warmup_compiles": timing.get("warmup_compiles"),
+        "timed_compiles": timing.get("timed_compiles"),
+        "compile_seconds_est": None if (c := timing.get("compile_seconds_est")) is None else round(c, 3),
     }
 
 
@@ -297,10 +335,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     import transformers
 
     import vela2
+    import vela2.attention
     from vela2.pipeline import pack
 
     device = torch.device(args.device)
     arms = set(args.arms.split(","))
+    vela2.attention.COMPILE_DYNAMIC = False if args.flex_compile == "static" else None
     t_start = time.perf_counter()
     rows = make_workload(seed=args.seed, copies=args.copies)
     if args.max_rows:
@@ -323,27 +363,41 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     log.info("%d rows -> %d sequences, %d tokens (rendered in %.2f s)", len(rows), len(sequences),
              sum(lengths), render_s)
 
-    def timed(name: str, batches: list[list[int]], row_tokens: int | None = None) -> dict[str, Any]:
-        log.info("arm %s: %d batches", name, len(batches))
+    def timed(name: str, batches: list[list[int]], row_tokens: int | None = None, attn: str = "sdpa") -> dict[str, Any]:
+        model.set_attention(attn)
+        log.info("arm %s (%s attention): %d batches", name, attn, len(batches))
         timing = time_batches(model, sequences, batches, args.precision, args.warmup_batches, row_tokens)
-        st = arm_stats(name, lengths, batches, timing, params["non_embedding"], peak["flops_per_s"], row_tokens)
-        log.info("arm %s: %.1f real tokens/s, MFU %.3f, padding %.3f, %.2f s", name, st["real_tokens_per_s"],
-                 st["mfu_real_tokens"], st["padding_fraction"], st["seconds"])
+        st = arm_stats(name, lengths, batches, timing, params["non_embedding"], peak["flops_per_s"], row_tokens,
+                       attn)
+        log.info("arm %s: %.1f real tokens/s, MFU %.3f, padding %.3f, %.2f s; warm-up %.1f s, %d kernels compiled",
+                 name, st["real_tokens_per_s"], st["mfu_real_tokens"], st["padding_fraction"], st["seconds"],
+                 st["warmup_seconds"], st["warmup_compiles"])
         return st
 
     results: dict[str, Any] = {}
     headline = args.row_modes[0]
+    head_attn = args.attns[0]
+    by_attention: dict[str, dict[str, Any]] = {}
     if "ours" in arms:
-        for k, mode in enumerate(args.row_modes):
-            name = "ours" if k == 0 else f"ours_rows{mode or 0}"
-            results[name] = timed(name, pack(lengths, args.max_batch_tokens, mode), mode)
+        for attn in args.attns:
+            for k, mode in enumerate(args.row_modes):
+                if attn != head_attn and mode is None:
+                    log.info("skipping ours without --row-tokens under %s: only packed rows run every backend", attn)
+                    continue
+                name = ("ours" if k == 0 else f"ours_rows{mode or 0}") + ("" if attn == head_attn else f"_{attn}")
+                results[name] = timed(name, pack(lengths, args.max_batch_tokens, mode), mode, attn)
+                by_attention.setdefault(attn, {})[name] = {key: results[name][key] for key in (
+                    "row_tokens", "mfu_real_tokens", "mfu_padded_tokens", "padding_fraction", "real_tokens_per_s",
+                    "seconds", "peak_memory_gib", "warmup_seconds", "warmup_compiles", "timed_compiles",
+                    "compile_seconds_est")}
     plans: dict[str, Callable[[], list[list[int]]]] = {
         "batch1": lambda: [[i] for i in range(len(sequences))],
         "fixed32": lambda: fixed_batches(len(sequences), FIXED_BATCH),
     }
     for name, plan in plans.items():
         if name in arms:
-            results[name] = timed(name, plan())
+            results[name] = timed(name, plan())  # sdpa: unpacked rows of many lengths
+    model.set_attention(head_attn)  # bundling and engine run the headline backend
 
     bundling: dict[str, Any] = {}
     if "bundling" in arms:
@@ -373,6 +427,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "non_embedding_params": params["non_embedding"],
         "max_batch_tokens": args.max_batch_tokens,
         "row_tokens": headline,
+        "attention": head_attn,
+        "by_attention": by_attention,
         "rows_per_s_engine": engine_rows.get("rows_per_s"),
         "render_rows_per_s": round(len(rows) / render_s, 1),
         "render_tokens_per_s": round(sum(lengths) / render_s, 1),
@@ -402,7 +458,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "model": {
             "layout": "qwen2", "hidden": args.hidden, "layers": args.layers, "intermediate": args.intermediate,
             "heads": args.heads, "kv_heads": args.kv_heads, "vocab": model.tokenizer.get_vocab_size(),
-            "dtype": args.dtype, "precision": args.precision, "attention": "sdpa",
+            "dtype": args.dtype, "precision": args.precision, "attention": args.attns,
+            "flex_compile": args.flex_compile,
             "max_window_tokens": model.config.max_window_tokens, "params": params,
             "build_seconds": round(build_s, 2),
         },
@@ -438,7 +495,7 @@ def bundling_arm(model, rows: list[dict], args: argparse.Namespace, non_embeddin
         mode = args.row_modes[0]
         batches = pack(lengths, args.max_batch_tokens, mode)
         timing = time_batches(model, seqs, batches, args.precision, args.warmup_batches, mode)
-        st = arm_stats(name, lengths, batches, timing, non_embedding, peak_flops, mode)
+        st = arm_stats(name, lengths, batches, timing, non_embedding, peak_flops, mode, args.attns[0])
         questions = sum(len(p.row.questions) for p in preps)
         st.update({"rows": len(subset), "questions": questions, "render_seconds": round(render_s, 4),
                    "questions_per_s": round(questions / timing["seconds"], 2)})

@@ -1,0 +1,8 @@
+"""Producers: the client library (sync and asyncio), bulk backfill and the HTTP route.
+
+Never imports torch: a web backend installs the base package and talks to Redis only.
+"""
+
+from producer.client import Client
+
+__all__ = ["Client"]

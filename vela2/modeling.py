@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
+from vela2 import attention
 from vela2.calibration import Calibration
 from vela2.config import Vela2Config
 from vela2.errors import PrecisionError
@@ -113,6 +114,20 @@ class Vela2Model(nn.Module):
     def backbone_dtype(self) -> torch.dtype:
         return next(self.backbone.parameters()).dtype
 
+    @property
+    def attn(self) -> str:
+        """Attention backend: "sdpa" (dense tree mask) or "flex" (block-sparse, see vela2.attention)."""
+        return "flex" if self.backbone.config._attn_implementation == attention.IMPLEMENTATION else "sdpa"
+
+    @attn.setter
+    def attn(self, attn: str) -> None:
+        attention.set_backbone_attention(self.backbone, attn)
+
+    def set_attention(self, attn: str) -> Vela2Model:
+        """Switch the backbone's attention backend in place ("sdpa" or "flex"); returns the model."""
+        self.attn = attn
+        return self
+
     @classmethod
     def random(
         cls,
@@ -144,13 +159,19 @@ class Vela2Model(nn.Module):
                segments: torch.Tensor, precision: str) -> torch.Tensor:
         """Backbone over a padded batch with the tree mask; returns fp32 states (B, L, H)."""
         self.check_precision(precision)
-        mask = tree_mask(parts, segments)
+        L = input_ids.shape[1]
+        if self.attn == "flex":  # whole 128-token tiles, so compiled shapes repeat; sliced off below
+            input_ids, position_ids, parts, segments = attention.pad_batch(
+                input_ids, position_ids, parts, segments, self.special_ids["pad"])
+            mask = attention.block_mask(parts, segments)
+        else:
+            mask = tree_mask(parts, segments)
         use_bf16 = precision == "bf16"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             out = self.backbone(
                 input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
             )
-        return out.last_hidden_state.float()
+        return out.last_hidden_state[:, :L].float()
 
     def heads(self, hidden: torch.Tensor, idx: HeadInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Gather marker / word states and run the heads in fp32 (autocast off).
@@ -176,6 +197,7 @@ def backbone_config(config: Vela2Config):
     return cfg
 
 
-def build_backbone(config: Vela2Config) -> nn.Module:
-    """An uninitialised-from-hub decoder built with `from_config` (never downloads anything)."""
-    return AutoModel.from_config(backbone_config(config), attn_implementation="sdpa")
+def build_backbone(config: Vela2Config, attn: str = "sdpa") -> nn.Module:
+    """An uninitialised-from-hub decoder built with `from_config` (never downloads anything);
+    attn "sdpa" or "flex" (vela2.attention)."""
+    return AutoModel.from_config(backbone_config(config), attn_implementation=attention.implementation(attn))

@@ -104,9 +104,11 @@ class _Layout:
     labels: list[list[tuple[int, slice]]]  # per sequence: (question, slice into label projections)
 
 
-def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_tokens: int | None = None):
+def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_tokens: int | None = None,
+            pad_to: int | None = None):
     """Lay a list of sequences out in padded rows (several per row when `row_tokens` is set) and
-    build the head gather indices.
+    build the head gather indices. `pad_to`: rows are padded to at least this many tokens (one
+    fixed shape for compiled attention).
 
     Returns input_ids, position_ids, parts (-1 on padding), segments (-1 on padding), all (R, L),
     then HeadInputs and the layout of each sequence's outputs (in the order of `sequences`).
@@ -120,7 +122,7 @@ def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_to
             place[i] = (r, offset)
             offset += lengths[i]
     R = len(rows)
-    L = max(sum(lengths[i] for i in members) for members in rows)
+    L = max(pad_to or 0, *(sum(lengths[i] for i in members) for members in rows))
     ids = np.full((R, L), pad_id, dtype=np.int64)
     pos = np.zeros((R, L), dtype=np.int64)
     parts = np.full((R, L), -1, dtype=np.int64)
@@ -158,12 +160,17 @@ def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_to
 
 @torch.inference_mode()
 def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
-              row_tokens: int | None = None) -> list[SeqOutput]:
+              row_tokens: int | None = None, pad_to: int | None = None) -> list[SeqOutput]:
     """One forward pass over any mix of sequences; returns raw fp32 head outputs per sequence.
 
     With `row_tokens`, short sequences share rows (block-diagonal mask) to cut padding.
+    `pad_to`: pad rows to at least this many tokens; None = as long as the longest row, or under
+    flex attention with `row_tokens`, row_tokens (compiled flex kernels then see one row length).
     """
-    ids, pos, parts, segs, idx, layout = collate(sequences, model.special_ids["pad"], model.device, row_tokens)
+    if pad_to is None and row_tokens and model.attn == "flex":
+        pad_to = row_tokens
+    ids, pos, parts, segs, idx, layout = collate(sequences, model.special_ids["pad"], model.device, row_tokens,
+                                                 pad_to)
     hidden = model.encode(ids, pos, parts, segs, precision)  # (R, L, H) fp32
     opt, words, labels = model.heads(hidden, idx)  # (M,), (N, D), (K, D)
     # Span logits per block: (W_window, D) @ (D, K) on the device, then one copy to the host.

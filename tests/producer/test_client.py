@@ -1,0 +1,113 @@
+"""producer.Client on fakeredis: where messages go, which ids come back, how results are read."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import fakeredis
+import pytest
+
+from producer.client import Client
+from producer.messages import decode_body
+from vela2.schemas import RowResult, Status, content_id
+from worker.results import ResultStore, row_meta
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW = {"task": "choice:boolq", "text": "The sky is green.", "questions": [{"options": ["yes", "no"]}]}
+
+
+class CountingRedis(fakeredis.FakeRedis):
+    commands: list[str] = []
+
+    def execute_command(self, *args, **kwargs):
+        CountingRedis.commands.append(str(args[0]).upper())
+        return super().execute_command(*args, **kwargs)
+
+
+@pytest.fixture
+def redis():
+    CountingRedis.commands = []
+    r = CountingRedis()
+    yield r
+    r.flushall()
+
+
+@pytest.fixture
+def client(redis):
+    return Client(model="vela2-demo", redis=redis)
+
+
+def _queued(redis, queue: str) -> list[dict]:
+    return [json.loads(x) for x in reversed(redis.lrange(queue, 0, -1))]  # oldest first
+
+
+def _ok(rid: str) -> dict:
+    return row_meta(rid, RowResult(id=rid, task="choice:boolq", status=Status.ok, answers=[]))
+
+
+def test_submit_routes_rows_backfill_and_system_one_requests(client, redis):
+    assert client.submit({**ROW, "id": "r-1"}) == "r-1"
+    assert client.submit({**ROW, "id": "r-2"}, backfill=True) == "r-2"
+    s1 = {"model": "other-model", "input": "hi", "tasks": [{"name": "t", "kind": "set", "options": ["a"]}]}
+    s1_id = client.submit(s1)
+    assert s1_id == content_id(s1)
+    assert [m["headers"]["id"] for m in _queued(redis, "vela2.vela2-demo")] == ["r-1"]
+    assert [m["headers"]["id"] for m in _queued(redis, "vela2.vela2-demo.backfill")] == ["r-2"]
+    (msg,) = _queued(redis, "vela2.other-model")
+    body = decode_body(base64.b64decode(msg["body"]))
+    assert body.requests[0]["id"] == s1_id  # the id travels explicitly
+
+
+def test_submit_many_keeps_input_order_and_chunks_per_queue(client, redis):
+    rows = [{**ROW, "id": f"r-{i}"} for i in range(5)] + [dict(ROW)]
+    ids = client.submit_many(rows, backfill=True, chunk_size=2)
+    assert ids == [f"r-{i}" for i in range(5)] + [content_id(ROW)]
+    msgs = _queued(redis, "vela2.vela2-demo.backfill")
+    assert len(msgs) == 3 and all(m["headers"]["id"].startswith("chunk-") for m in msgs)
+    assert [i for m in msgs for i in m["headers"]["vela2_ids"]] == ids
+
+
+def test_results_many_reads_all_ids_with_one_mget_per_poll(client, redis):
+    store = ResultStore(redis)
+    ids = [f"r-{i}" for i in range(40)]
+    store.store([(i, _ok(i)) for i in ids])
+    CountingRedis.commands = []
+    got = client.results_many(ids, timeout_s=1)
+    assert all(v is not None and v.id == k for k, v in got.items())
+    assert CountingRedis.commands == ["MGET"]
+
+
+def test_results_many_returns_none_for_ids_without_a_result(client, redis):
+    ResultStore(redis).store([("here", _ok("here"))])
+    t0 = time.monotonic()
+    got = client.results_many(["here", "not-yet"], timeout_s=0.3)
+    assert got["here"] is not None and got["not-yet"] is None
+    assert 0.25 < time.monotonic() - t0 < 2
+    assert set(CountingRedis.commands) == {"MGET"}
+
+
+def test_result_waits_on_the_published_value(client, redis):
+    store = ResultStore(redis)
+    timer = threading.Timer(0.2, lambda: store.store([("later", _ok("later"))]))
+    timer.start()
+    try:
+        assert client.result("later", timeout_s=5).id == "later"
+    finally:
+        timer.join()
+    with pytest.raises(TimeoutError, match="no result for 'never'"):
+        client.result("never", timeout_s=0.2)
+
+
+def test_the_producer_imports_without_torch_or_celery():
+    code = (
+        "import sys, producer.client, producer.messages\n"
+        "heavy = [m for m in ('torch', 'celery', 'kombu', 'numpy', 'transformers') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

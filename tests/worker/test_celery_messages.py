@@ -1,0 +1,97 @@
+"""Our Celery protocol v2 messages, built without celery, against what celery.send_task writes."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from celery import Celery
+from kombu import Queue
+
+from producer.messages import build_message, decode_body, parse_expires, request_id
+from vela2.errors import InvalidRequest, LimitExceeded
+from vela2.schemas import content_id
+from worker.keys import TASK_NAME, backfill_queue, is_chunk_id, online_queue, result_key
+
+QUEUE = online_queue("vela2-demo")
+ROW = {
+    "id": "r-1",
+    "task": "choice:boolq",
+    "text": "The sky is green.",
+    "questions": [{"question": "Is it?", "options": ["yes", "no"]}],
+}
+
+
+def _celery_message(redis_url: str, **options) -> dict:
+    app = Celery("probe", broker=redis_url, backend=redis_url, set_as_current=False)
+    app.conf.update(task_serializer="json", task_queues=[Queue(QUEUE, routing_key=QUEUE)])
+    app.send_task(TASK_NAME, args=[ROW], task_id="r-1", queue=QUEUE, **options)
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        (raw,) = client.lrange(QUEUE, 0, -1)
+    finally:
+        client.close()
+    app.close()
+    return json.loads(raw)
+
+
+def test_our_message_has_the_layout_celery_send_task_writes(redis_url):
+    expires = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
+    theirs = _celery_message(redis_url, expires=expires)
+    ours = json.loads(build_message([ROW], QUEUE, expires=expires).payload)
+    assert set(ours) == set(theirs) == {"body", "content-encoding", "content-type", "headers", "properties"}
+    for key in ("content-encoding", "content-type"):
+        assert ours[key] == theirs[key]
+    assert json.loads(base64.b64decode(ours["body"])) == json.loads(base64.b64decode(theirs["body"]))
+    skip = {"origin", "argsrepr"}  # the producing process; repr style
+    assert set(ours["headers"]) == set(theirs["headers"])
+    for key in set(theirs["headers"]) - skip:
+        assert ours["headers"][key] == theirs["headers"][key], key
+    assert parse_expires(ours["headers"]["expires"]) == expires
+    props_skip = {"reply_to", "delivery_tag", "expiration"}  # per connection / per message; ignored by Redis
+    assert set(ours["properties"]) == set(theirs["properties"]) - {"expiration"}
+    for key in set(theirs["properties"]) - props_skip:
+        assert ours["properties"][key] == theirs["properties"][key], key
+
+
+def test_a_chunk_carries_each_row_under_its_own_id():
+    rows = [ROW, {**ROW, "id": "r-2"}, {k: v for k, v in ROW.items() if k != "id"}]
+    msg = build_message(rows, backfill_queue("vela2-demo"), chunk=True)
+    env = json.loads(msg.payload)
+    assert is_chunk_id(msg.id) and env["headers"]["id"] == msg.id
+    assert msg.request_ids == ("r-1", "r-2", content_id(rows[2]))
+    assert env["headers"]["vela2_ids"] == list(msg.request_ids)
+    body = decode_body(base64.b64decode(env["body"]))
+    assert body.chunk and [r["id"] for r in body.requests] == list(msg.request_ids)
+    assert env["properties"]["delivery_info"]["routing_key"] == "vela2.vela2-demo.backfill"
+
+
+def test_ids_match_what_the_library_gives_rows_and_system_one_requests():
+    from vela2.schemas import parse_row
+    from vela2.systemone import parse_request
+
+    anon_row = {k: v for k, v in ROW.items() if k != "id"}
+    assert request_id(anon_row) == parse_row(anon_row).id
+    s1 = {"model": "vela2-demo", "input": "hello", "tasks": [{"name": "t", "kind": "choice", "options": ["a", "b"]}]}
+    assert request_id(s1) == parse_request(s1).id
+
+
+def test_refusals_name_the_limit():
+    with pytest.raises(LimitExceeded, match="limit 100"):
+        build_message([{**ROW, "text": "x " * 100}], QUEUE, max_message_bytes=100)
+    with pytest.raises(InvalidRequest, match="chunk=True"):
+        build_message([ROW, ROW], QUEUE)
+    with pytest.raises(InvalidRequest, match="only 'chunk'"):
+        decode_body(json.dumps([[ROW], {"x": 1}, {}]))
+    with pytest.raises(InvalidRequest, match="ISO 8601"):
+        parse_expires("tomorrow")
+
+
+def test_keys():
+    assert result_key("r-1") == "celery-task-meta-r-1"
+    assert online_queue("m") == "vela2.m" and backfill_queue("m") == "vela2.m.backfill"
+    assert parse_expires((datetime.now(UTC) + timedelta(seconds=5)).isoformat()) > datetime.now(UTC)

@@ -1,0 +1,67 @@
+"""Worker settings, the Celery configuration they produce, and the visibility-timeout rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from vela2.errors import ConfigError
+from worker.app import ENV, WorkerSettings, create_app
+from worker.engine import buffered_batches, check_visibility, required_visibility_s
+
+
+def test_settings_come_from_the_environment_then_overrides(demo_dir):
+    env = {
+        ENV["redis_url"]: "redis://127.0.0.1:7000/1",
+        ENV["checkpoint"]: str(demo_dir),
+        ENV["max_batch_tokens"]: "4096",
+        ENV["max_wait_ms"]: "7.5",
+        ENV["visibility_timeout_s"]: "120",
+    }
+    s = WorkerSettings.from_env(env, max_wait_ms=3, device=None)
+    assert (s.redis_url, s.max_batch_tokens, s.max_wait_ms, s.visibility_timeout_s) == (
+        "redis://127.0.0.1:7000/1",
+        4096,
+        3,
+        120.0,
+    )
+    assert s.device == "cpu" and s.resolved_precision == "fp32" and s.resolved_dtype == "float32"
+    assert WorkerSettings(device="cuda:0").resolved_precision == "bf16"
+    assert WorkerSettings(device="cuda:0").resolved_dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="VELA2_MAX_WAIT_MS must be a number; got 'soon'"):
+        WorkerSettings.from_env({ENV["max_wait_ms"]: "soon"})
+    with pytest.raises(ConfigError, match="precision must be one of fp32, bf16; got 'fp16'"):
+        WorkerSettings(precision="fp16").validate()
+
+
+def test_the_app_is_json_only_late_ack_solo_with_online_before_backfill(demo_dir):
+    s = WorkerSettings(checkpoint=str(demo_dir), visibility_timeout_s=90, max_buffered=64)
+    app = create_app(s)
+    conf = app.conf
+    assert conf.task_serializer == conf.result_serializer == "json"
+    assert list(conf.accept_content) == ["json"]
+    assert conf.task_acks_late and conf.worker_pool == "solo" and conf.worker_concurrency == 1
+    assert conf.worker_prefetch_multiplier == 64
+    assert [q.name for q in conf.task_queues] == ["vela2.vela2-demo", "vela2.vela2-demo.backfill"]
+    opts = conf.broker_transport_options
+    assert opts["queue_order_strategy"] == "priority" and opts["visibility_timeout"] == 90
+    assert opts["unacked_restore_interval"] <= 9 and opts["unacked_restore_throttle"] == 1
+    assert conf.result_expires == 86_400
+    app.close()
+
+
+def test_the_app_imports_without_a_checkpoint():
+    app = create_app(WorkerSettings())
+    assert app.conf.task_default_queue == "celery"
+    app.close()
+
+
+def test_the_visibility_rule_names_every_number():
+    assert buffered_batches(max_buffered=256, max_window_tokens=512, max_batch_tokens=16384) == 8
+    assert buffered_batches(max_buffered=3, max_window_tokens=4096, max_batch_tokens=2048) == 3
+    assert required_visibility_s(20, 8, 1.5) == pytest.approx(0.02 + 9 * 1.5 * 2)
+    check_visibility(28, 20, 8, 1.5)
+    with pytest.raises(ConfigError) as e:
+        check_visibility(20, 20, 8, 1.5)
+    msg = str(e.value)
+    for part in ("visibility timeout 20 s", "max_wait 0.02 s", "8 buffered batches", "1.500 s", "27.0 s"):
+        assert part in msg

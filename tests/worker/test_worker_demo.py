@@ -1,0 +1,47 @@
+"""`vela2 demo` (worker.demo.run_demo): embedded Redis, a worker, every request type, clean stop."""
+
+from __future__ import annotations
+
+import redis
+
+from worker import demo
+
+
+def test_embedded_redis_prefers_redis_server(tmp_path, redis_server):
+    with demo.embedded_redis(tmp_path) as (url, what):
+        assert what.startswith("redis-server")
+        client = redis.Redis.from_url(url)
+        assert client.ping()
+        client.close()
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+        raise AssertionError("the embedded redis-server still answers after the demo")
+    except redis.ConnectionError:
+        pass
+    finally:
+        client.close()
+
+
+def test_demo_runs_on_fakeredis_when_redis_server_is_missing(demo_dir, monkeypatch, capsys):
+    real_which = demo.shutil.which
+    monkeypatch.setattr(demo.shutil, "which", lambda name: None if name == "redis-server" else real_which(name))
+    assert demo.run_demo(checkpoint=demo_dir) == 0
+    out = capsys.readouterr().out
+    assert "fakeredis TcpFakeServer" in out and "demo OK" in out
+    for rid in (
+        "demo-choice",
+        "demo-score",
+        "demo-set",
+        "demo-pii",
+        "demo-bundle",
+        "demo-long",
+        "demo-long-choice",
+        "demo-systemone",
+        "demo-bad",
+        "demo-bulk-0",
+    ):
+        line = next(x for x in out.splitlines() if x.startswith(rid + " "))
+        assert "NO ANSWER" not in line, line
+    assert "invalid_request" in next(x for x in out.splitlines() if x.startswith("demo-bad "))
+    assert "worker stopped (exit code 0)" in out and "returned 0 to the queue" in out

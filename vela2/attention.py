@@ -1,0 +1,192 @@
+"""Attention backends of the backbone: sdpa with the dense tree mask, or flex with a block-sparse one.
+
+sdpa (the default) takes `modeling.tree_mask`, a (B, 1, L, L) boolean tensor: every (query, key)
+pair is computed and then masked, so packed rows (several sequences per row) pay for the full
+L x L square although most of it is masked. flex (torch.nn.attention.flex_attention) takes a
+BlockMask built from the same rule: (query, key) tiles of `BLOCK_SIZE` x `BLOCK_SIZE` that are
+fully masked are skipped, fully visible ones run without evaluating the mask.
+
+How it plugs into transformers: `register()` adds `IMPLEMENTATION` to transformers'
+AttentionInterface (a function of ours, not transformers' own "flex_attention", so that we own
+the compile settings and the call across transformers versions), and `set_backbone_attention`
+switches the backbone's `config._attn_implementation`. The BlockMask is handed to the backbone as
+`attention_mask`; masking_utils passes any 4-D mask (Tensor or BlockMask) through unchanged.
+
+Shapes: B = rows, L = padded row length, Hq / Hkv = query / key-value heads, Dh = head width.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask, flex_attention
+
+log = logging.getLogger(__name__)
+
+ATTENTIONS = ("sdpa", "flex")  # Vela2Model.attn choices
+IMPLEMENTATION = "vela2_flex"  # our name in transformers' AttentionInterface
+BLOCK_SIZE = 128  # flex's sparse tile (and its default); flex rows are padded to a multiple of it
+# torch.compile `dynamic` of flex_attention. False: one static kernel per (B, L) shape, the most
+# exercised code path (torch 2.13 CPU cannot even build the kernel once L turns symbolic); shapes
+# repeat because pipeline pads packed rows to row_tokens under flex, so a run sees a handful of
+# row counts B. None (automatic dynamic): a second shape recompiles with the changed dimensions
+# symbolic and later shapes reuse that kernel; fewer compiles when B varies a lot (a worker).
+COMPILE_DYNAMIC: bool | None = False
+# Dynamo's per-function recompile limit is raised to this: past the limit dynamo silently runs
+# flex_attention uncompiled, which materialises full (B, Hq, L, L) fp32 scores (17 GiB per layer
+# at B=32, L=2048, 32 heads) instead of failing.
+RECOMPILE_LIMIT = 64
+
+
+def tree_mask_mod(parts: torch.Tensor, segments: torch.Tensor | None) -> Callable:
+    """The tree-mask rule as a flex mask_mod over the (B, L) part / segment ids of a batch.
+
+    Key kv is visible to query q iff kv <= q, same segment, key part 0 (context) or the query's
+    part, and neither is padding (part -1); a padding query sees only itself. Same rule as
+    `modeling.tree_mask` (which the tests compare against on every pair).
+    """
+
+    def mask_mod(b, h, q, kv):
+        pq, pk = parts[b, q], parts[b, kv]
+        visible = (kv <= q) & ((pk == 0) | (pk == pq)) & (pk >= 0) & (pq >= 0)
+        if segments is not None:
+            visible = visible & (segments[b, q] == segments[b, kv])
+        return visible | ((q == kv) & (pq < 0))
+
+    return mask_mod
+
+
+def block_mask(parts: torch.Tensor, segments: torch.Tensor | None = None, block_size: int = BLOCK_SIZE) -> BlockMask:
+    """BlockMask (B, 1, L, L) of the tree mask, on parts' device; heads share it (H=None).
+
+    parts, segments: (B, L) as built by pipeline.collate (-1 on padding). L need not be a
+    multiple of block_size, but encode pads it to one so compiled shapes repeat.
+    """
+    if parts.dim() != 2:
+        raise ValueError(f"parts must be (B, L); got shape {tuple(parts.shape)}")
+    if segments is not None and segments.shape != parts.shape:
+        raise ValueError(f"segments must have the shape of parts {tuple(parts.shape)}; got {tuple(segments.shape)}")
+    B, L = parts.shape
+    return create_block_mask(tree_mask_mod(parts, segments), B, None, L, L, device=parts.device, BLOCK_SIZE=block_size)
+
+
+def dense_mask(parts: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+    """The mask_mod evaluated on every (query, key) pair: (B, 1, L, L) bool, for tests and debugging."""
+    B, L = parts.shape
+    return create_mask(tree_mask_mod(parts, segments), B, None, L, L, device=parts.device)
+
+
+def padded_length(length: int, multiple: int = BLOCK_SIZE) -> int:
+    """`length` rounded up to a multiple of `multiple`."""
+    return -(-length // multiple) * multiple
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable:
+    """flex_attention compiled once per process (inductor generates the fused kernel; uncompiled,
+    flex_attention materialises the full score matrix). Kernels are built lazily, per shape."""
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    if getattr(dynamo_config, name) < RECOMPILE_LIMIT:
+        log.info(
+            "raising torch._dynamo.config.%s from %d to %d for flex attention shapes",
+            name,
+            getattr(dynamo_config, name),
+            RECOMPILE_LIMIT,
+        )
+        setattr(dynamo_config, name, RECOMPILE_LIMIT)
+    return torch.compile(flex_attention, dynamic=COMPILE_DYNAMIC)
+
+
+def compile_stats() -> dict[str, int]:
+    """Dynamo's process-wide counters: frames captured and distinct graphs compiled so far (a
+    difference between two calls = kernels compiled in between)."""
+    from torch._dynamo.utils import counters
+
+    stats = counters["stats"]
+    return {"calls_captured": int(stats["calls_captured"]), "unique_graphs": int(stats["unique_graphs"])}
+
+
+def flex_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: BlockMask | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers AttentionInterface function: query (B, Hq, L, Dh), key / value (B, Hkv, L, Dh),
+    attention_mask a BlockMask -> (B, L, Hq, Dh) and no attention weights.
+    """
+    if not isinstance(attention_mask, BlockMask):
+        raise ValueError(f"{IMPLEMENTATION} needs a BlockMask as attention_mask; got {type(attention_mask).__name__}")
+    if dropout > 0:
+        raise ValueError(f"{IMPLEMENTATION} is inference-only; got dropout {dropout}")
+    # Under autocast q / k leave the rotary embedding in fp32 (bf16 x fp32 cos/sin promotes) while
+    # v is bf16; sdpa is an autocast op and casts them, flex_attention is not: cast here.
+    dtype = torch.get_autocast_dtype(query.device.type) if torch.is_autocast_enabled(query.device.type) else value.dtype
+    query, key, value = (t.to(dtype) for t in (query, key, value))
+    out = compiled_flex_attention()(
+        query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Add IMPLEMENTATION to transformers' attention functions (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(IMPLEMENTATION, flex_attention_forward)
+
+
+def implementation(attn: str) -> str:
+    """The transformers attn_implementation of a Vela2Model.attn choice."""
+    if attn not in ATTENTIONS:
+        raise ValueError(f"attn must be one of {', '.join(ATTENTIONS)}; got {attn!r}")
+    if attn == "flex":
+        register()
+        return IMPLEMENTATION
+    return "sdpa"
+
+
+def set_backbone_attention(backbone: torch.nn.Module, attn: str) -> None:
+    """Switch a transformers backbone between sdpa and flex in place (weights untouched)."""
+    impl = implementation(attn)
+    setter = getattr(backbone, "set_attn_implementation", None)
+    if setter is not None:
+        setter(impl)
+    else:  # older transformers: the attention layers read the shared config at every forward
+        backbone.config._attn_implementation = impl
+    if backbone.config._attn_implementation != impl:
+        raise RuntimeError(f"backbone attention is {backbone.config._attn_implementation!r} after asking for {impl!r}")
+    log.info("backbone attention: %s", impl)
+
+
+def pad_batch(
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    parts: torch.Tensor,
+    segments: torch.Tensor,
+    pad_id: int,
+    multiple: int = BLOCK_SIZE,
+) -> tuple[torch.Tensor, ...]:
+    """Pad (B, L) batch tensors on the right to a multiple of `multiple` columns, the way
+    pipeline.collate pads (pad token, position 0, part / segment -1), so flex sees whole tiles
+    and repeated shapes. No-op when L already is a multiple.
+    """
+    extra = padded_length(input_ids.shape[1], multiple) - input_ids.shape[1]
+    if extra == 0:
+        return input_ids, position_ids, parts, segments
+    pad = torch.nn.functional.pad
+    return (
+        pad(input_ids, (0, extra), value=pad_id),
+        pad(position_ids, (0, extra), value=0),
+        pad(parts, (0, extra), value=-1),
+        pad(segments, (0, extra), value=-1),
+    )

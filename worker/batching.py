@@ -1,0 +1,145 @@
+"""Length buckets and token-budget batches, pure (no Redis, no model): the engine's packing policy.
+
+Sequences wait in buckets of similar length (edges 4 per power of two, so padding inside a bucket
+wastes under 25%). A bucket yields a batch when its padded tokens reach `max_batch_tokens` (a full
+batch) or when its oldest sequence has waited `max_wait_s` (then the bucket empties, oldest batch
+first). Among ready batches, one holding an online request (priority 0) goes before backfill-only
+ones (priority 1), then the one whose oldest sequence waited longest. Batches are packed with
+`vela2.pipeline.pack`, the one implementation of the budget rule:
+padded cost = longest x count <= max_batch_tokens; a sequence over the budget runs alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+PackFn = Callable[[list[int], int], list[list[int]]]
+
+MIN_BUCKET_TOKENS = 16  # every sequence up to this length shares the first bucket
+BUCKET_STEPS = 4  # bucket edges per power of two (edge ratio <= 1.25)
+
+
+def bucket_of(tokens: int, min_tokens: int = MIN_BUCKET_TOKENS, steps: int = BUCKET_STEPS) -> int:
+    """The bucket (its upper edge, in tokens) of a sequence of `tokens` tokens.
+
+    Edges: min_tokens, then `steps` equal steps inside each power of two (16, 20, 24, 28, 32, 40, ...).
+    """
+    if tokens <= min_tokens:
+        return min_tokens
+    base = 1 << ((tokens - 1).bit_length() - 1)  # largest power of two below `tokens`
+    step = max(1, base // steps)
+    return base + -(-(tokens - base) // step) * step
+
+
+def _urgency(batch: list[Waiting]) -> tuple[int, float]:
+    """Sort key of a candidate batch: online before backfill, then the longest wait."""
+    return min(w.priority for w in batch), min(w.since for w in batch)
+
+
+def _default_pack() -> PackFn:
+    from vela2.pipeline import pack  # the model stack; imported only when no pack is injected
+
+    return pack
+
+
+@dataclass
+class Waiting(Generic[T]):
+    """One sequence waiting for a batch."""
+
+    value: T
+    tokens: int
+    since: float  # when its request arrived (monotonic seconds): the wait counts from there
+    priority: int = 0  # 0 online, 1 backfill: lower goes first among ready batches
+
+
+class Buckets(Generic[T]):
+    """Waiting sequences by length bucket; `pop_batch` hands out the most urgent ready batch."""
+
+    def __init__(self, max_batch_tokens: int, max_wait_s: float, pack: PackFn | None = None):
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1; got {max_batch_tokens}")
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0; got {max_wait_s}")
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait_s = max_wait_s
+        self._pack = pack or _default_pack()
+        self._buckets: dict[int, list[Waiting[T]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._buckets.values())
+
+    def add(self, value: T, tokens: int, since: float, priority: int = 0) -> None:
+        """Queue one sequence of `tokens` tokens whose request arrived at `since`."""
+        self._buckets.setdefault(bucket_of(tokens), []).append(Waiting(value, tokens, since, priority))
+
+    def next_deadline(self) -> float | None:
+        """When the oldest waiting sequence reaches max_wait (None when nothing waits)."""
+        oldest = [min(w.since for w in b) for b in self._buckets.values() if b]
+        return min(oldest) + self.max_wait_s if oldest else None
+
+    def _full(self, batch: list[Waiting[T]]) -> bool:
+        longest = max(w.tokens for w in batch)
+        return longest * (len(batch) + 1) > self.max_batch_tokens  # no room for one more as long
+
+    def _candidate(self, items: list[Waiting[T]], now: float, flush: bool) -> list[int] | None:
+        """Indices (into `items`) of the batch this bucket would hand out now, or None."""
+        oldest = min(w.since for w in items)
+        aged = flush or oldest + self.max_wait_s <= now
+        if not aged and max(w.tokens for w in items) * len(items) < self.max_batch_tokens:
+            return None  # neither full nor old: keep waiting for company
+        batches = self._pack([w.tokens for w in items], self.max_batch_tokens)
+        if not aged:
+            batches = [b for b in batches if self._full([items[i] for i in b])]
+        if not batches:
+            return None
+        return min(batches, key=lambda b: _urgency([items[i] for i in b]))
+
+    def pop_batch(self, now: float, *, flush: bool = False) -> list[T] | None:
+        """Remove and return the most urgent ready batch (its oldest sequence waited longest), or
+        None when no bucket is full or old enough. `flush`: every bucket counts as old (shutdown)."""
+        best: tuple[tuple[int, float], int, list[int]] | None = None
+        for key, items in self._buckets.items():
+            if not items:
+                continue
+            chosen = self._candidate(items, now, flush)
+            if chosen is None:
+                continue
+            urgency = _urgency([items[i] for i in chosen])
+            if best is None or urgency < best[0]:
+                best = (urgency, key, chosen)
+        if best is None:
+            return None
+        _, key, chosen = best
+        items = self._buckets[key]
+        taken = set(chosen)
+        batch = [items[i].value for i in chosen]
+        self._buckets[key] = [w for i, w in enumerate(items) if i not in taken]
+        if not self._buckets[key]:
+            del self._buckets[key]
+        return batch
+
+    def remove(self, keep: Callable[[T], bool]) -> list[T]:
+        """Drop every waiting value for which `keep` is False; returns the dropped values."""
+        dropped: list[T] = []
+        for key in list(self._buckets):
+            kept: list[Waiting[T]] = []
+            for w in self._buckets[key]:
+                if keep(w.value):
+                    kept.append(w)
+                else:
+                    dropped.append(w.value)
+            if kept:
+                self._buckets[key] = kept
+            else:
+                del self._buckets[key]
+        return dropped
+
+    def drain(self) -> list[T]:
+        """Remove and return everything waiting."""
+        out = [w.value for b in self._buckets.values() for w in b]
+        self._buckets.clear()
+        return out

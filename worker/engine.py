@@ -1,0 +1,620 @@
+"""The batching engine inside a worker process: messages in, stored results and acks out.
+
+One thread owns all state (text-embeddings-inference queue.rs style). Each loop turn:
+
+1. take what arrived (deliveries from the Celery consumer, rendered rows, decoded results);
+2. intake: decode each message into requests, skip ids that already have a result (duplicate
+   delivery), answer expired / malformed ones at once, send the rest to CPU threads to render
+   (vela2.pipeline.prepare), ahead of the device;
+3. store new results in one pipelined round trip, then ack every message whose requests all have
+   a stored result (never earlier);
+4. run the most urgent ready batch (worker.batching: a full bucket, or one whose oldest request
+   waited max_wait_ms) with vela2.pipeline.run_batch. A batch that raises (CUDA OOM included) is
+   split in halves and retried; a sequence that fails alone fails only its row (model_error).
+   When every sequence of a row is done, vela2.pipeline.finish decodes it on a CPU thread.
+
+Rows' windows may land in different batches. Timings per request: queue_ms (message received ->
+its first batch starts), render_ms, model_ms (batches that carried it), decode_ms.
+
+Warm stop: intake closes, everything held is finished (buffered rows are flushed without waiting
+for company) within the timeout; whatever is left is rejected with requeue, back to its queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from producer.messages import decode_body, parse_expires, request_id
+from vela2 import systemone
+from vela2.config import LIMITS
+from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, ModelError, Vela2Error
+from vela2.schemas import RowResult, Status, error_result, expired_result, guess_id_task
+from worker.batching import Buckets
+from worker.metrics import Metrics
+from worker.results import ResultStore, chunk_meta, row_meta
+
+log = logging.getLogger(__name__)
+
+# Test-only hooks (read once when an engine is built; never set them in production):
+#   VELA2_TEST_BATCH_DELAY_S    sleep this long before every batch (a slow device, for SIGKILL tests)
+#   VELA2_TEST_FAIL_ID_PREFIX   a batch holding a request whose id starts with this raises RuntimeError
+TEST_DELAY_ENV = "VELA2_TEST_BATCH_DELAY_S"
+TEST_FAIL_ENV = "VELA2_TEST_FAIL_ID_PREFIX"
+
+_IDLE_WAIT_S = 0.5  # longest sleep with nothing waiting (new events wake the loop at once)
+_STORE_RETRY_S = 1.0  # pause before retrying a failed result write (Redis away)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine's knobs."""
+
+    max_batch_tokens: int = 16_384  # padded tokens (longest x count) per batch
+    max_wait_ms: float = 20.0  # longest a request waits for company before its bucket flushes
+    precision: str = "fp32"  # passed to run_batch: "fp32" | "bf16"
+    render_threads: int = 2  # CPU threads rendering (prepare) and decoding (finish)
+    max_message_bytes: int = LIMITS.max_message_bytes  # larger messages get a limit_exceeded result
+
+
+@dataclass
+class Delivery:
+    """One queue message handed to the engine by the consumer (or by a test)."""
+
+    headers: dict[str, Any]
+    body: bytes
+    ack: Callable[[], None]  # remove the message from the broker (called once, after its results are stored)
+    reject: Callable[[bool], None]  # reject(requeue): give it back to its queue (True) or drop it
+    content_type: str | None = "application/json"
+    received: float = field(default_factory=time.monotonic)
+    redelivered: bool = False
+    backfill: bool = False  # from the backfill queue: its batches yield to online ones
+
+
+@dataclass(eq=False)
+class _Message:
+    delivery: Delivery
+    id: str
+    chunk: bool
+    pending: set[str] = field(default_factory=set)  # request ids without a stored result yet
+    counts: Counter = field(default_factory=Counter)
+    finalized: bool = False
+
+
+@dataclass(eq=False)
+class _Request:
+    rid: str  # the id its result is stored under
+    obj: Any
+    msg: _Message
+    received: float
+    expires: datetime | None
+    system_one: Any = None  # the parsed SystemOne request, when it is one
+    prep: Any = None  # pipeline.Prepared
+    outputs: list[Any] = field(default_factory=list)
+    remaining: int = 0  # sequences without output yet
+    model_ms: float = 0.0
+    started: float | None = None  # when its first batch started
+    closed: bool = False  # a result exists (or is being decoded); nothing more to run
+
+
+@dataclass(eq=False)
+class _Seq:
+    req: _Request
+    index: int
+    seq: Any  # rendering.Sequence
+
+    @property
+    def tokens(self) -> int:
+        return int(self.seq.num_tokens)
+
+
+@dataclass
+class EngineStats:
+    """Counts over an engine's life; `summary()` is the shutdown log line."""
+
+    results: Counter = field(default_factory=Counter)  # by status: ok / error / expired
+    duplicates: int = 0
+    messages_acked: int = 0
+    messages_returned: int = 0
+    batches: int = 0
+    batches_raised: int = 0
+
+    def summary(self) -> str:
+        r = self.results
+        return (
+            f"answered {sum(r.values())} requests (ok {r['ok']}, error {r['error']}, expired "
+            f"{r['expired']}), skipped {self.duplicates} duplicates; acked {self.messages_acked} "
+            f"messages, returned {self.messages_returned} to the queue; {self.batches} batches "
+            f"({self.batches_raised} raised)"
+        )
+
+
+class Engine:
+    """Buffer -> render (CPU threads) -> length buckets -> device batches -> decode -> store -> ack."""
+
+    def __init__(
+        self,
+        model: Any,
+        store: ResultStore,
+        settings: EngineSettings = EngineSettings(),
+        *,
+        pipeline: Any = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if pipeline is None:
+            import vela2.pipeline as pipeline  # the model stack; tests inject a fake
+        self.model = model
+        self.store = store
+        self.settings = settings
+        self.pipeline = pipeline
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.stats = EngineStats()
+        self._buckets: Buckets[_Seq] = Buckets(settings.max_batch_tokens, settings.max_wait_ms / 1e3, pipeline.pack)
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._messages: set[_Message] = set()
+        self._to_store: list[tuple[_Message, str, dict[str, Any], str]] = []  # (message, id, meta, status)
+        self._store_after = 0.0
+        self._pool = ThreadPoolExecutor(max(1, settings.render_threads), thread_name_prefix="vela2-cpu")
+        self._lock = threading.Lock()  # guards _accepting and message finalization
+        self._accepting = True
+        self._stopping = False
+        self._stop_deadline = float("inf")
+        self._thread: threading.Thread | None = None
+        self._test_delay_s = float(os.environ.get(TEST_DELAY_ENV) or 0)
+        self._test_fail_prefix = os.environ.get(TEST_FAIL_ENV) or None
+        if self._test_delay_s or self._test_fail_prefix:
+            log.warning(
+                "TEST HOOKS ACTIVE: batch delay %.3f s, failing id prefix %r",
+                self._test_delay_s,
+                self._test_fail_prefix,
+            )
+
+    # --- the outside: consumer thread and lifecycle ---------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread."""
+        self._thread = threading.Thread(target=self._run, name="vela2-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, delivery: Delivery) -> None:
+        """Hand over one message (thread-safe; never blocks). After stop() it goes back to its queue."""
+        with self._lock:
+            if self._accepting:
+                self._events.put(("delivery", delivery))
+                return
+        delivery.reject(True)
+
+    def stop(self, timeout_s: float) -> EngineStats:
+        """Warm stop: close intake, finish everything held within `timeout_s`, return the rest to
+        the queue (reject with requeue), log one summary line."""
+        with self._lock:
+            self._accepting = False
+        self._stop_deadline = self.clock() + max(0.0, timeout_s)
+        self._stopping = True
+        self._events.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(max(0.0, timeout_s) + 5.0)
+            if self._thread.is_alive():
+                log.error("engine still busy after the shutdown timeout (%.0f s); returning what it holds", timeout_s)
+                self._return_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        log.info("vela2 engine stopped: %s", self.stats.summary())
+        return self.stats
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        ran_batch = False
+        while True:
+            try:
+                self._turn(0.0 if ran_batch else self._wait_s())
+                if self._stopping and (not self._messages or self.clock() >= self._stop_deadline):
+                    if self._events.empty():
+                        break
+                    continue
+                ran_batch = self._maybe_run_batch()
+            except Exception:  # a bug must not kill the loop silently: log it and keep serving
+                log.exception("engine loop error")
+                ran_batch = False
+                time.sleep(0.1)
+        self._return_all()
+
+    def _wait_s(self) -> float:
+        if self._to_store:
+            return max(0.0, min(_IDLE_WAIT_S, self._store_after - self.clock()))
+        if self._stopping:
+            return 0.0 if len(self._buckets) else 0.05
+        deadline = self._buckets.next_deadline()
+        if deadline is None:
+            return _IDLE_WAIT_S
+        return max(0.0, min(_IDLE_WAIT_S, deadline - self.clock()))
+
+    def _turn(self, timeout_s: float) -> None:
+        """Take every event that arrived (waiting up to timeout_s for the first), act, store, ack."""
+        events = []
+        try:
+            events.append(self._events.get(timeout=timeout_s) if timeout_s > 0 else self._events.get_nowait())
+        except queue.Empty:
+            pass
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except queue.Empty:
+                break
+        deliveries = []
+        for kind, *payload in events:
+            if kind == "delivery":
+                deliveries.append(payload[0])
+            elif kind == "prepared":
+                self._on_prepared(*payload)
+            elif kind == "finished":
+                self._on_finished(*payload)
+        if deliveries:
+            self._intake(deliveries)
+        self._flush_results()
+        self.metrics.buffered.set(len(self._messages))
+        self.metrics.waiting.set(len(self._buckets))
+
+    # --- intake -------------------------------------------------------------------------------
+
+    def _intake(self, deliveries: list[Delivery]) -> None:
+        fresh: list[_Request] = []
+        for d in deliveries:
+            fresh.extend(self._open_message(d))
+        if not fresh:
+            return
+        try:
+            done = self.store.existing(r.rid for r in fresh)
+        except Exception as e:  # Redis away: score anyway, the write-once store keeps the first answer
+            log.warning("duplicate check failed (%s); scoring without it", e)
+            done = set()
+        now_wall = datetime.now(UTC)
+        for req in fresh:
+            if req.rid in done:
+                self.stats.duplicates += 1
+                self.metrics.duplicates.inc()
+                req.closed = True
+                req.msg.pending.discard(req.rid)
+                req.msg.counts["duplicate"] += 1
+            elif req.expires is not None and now_wall >= req.expires:
+                self._expire(req)
+            else:
+                fut = self._pool.submit(self._prepare, req)
+                fut.add_done_callback(lambda f, r=req: self._events.put(("prepared", r, f)))
+        for msg in {r.msg for r in fresh}:
+            self._maybe_finalize(msg)
+
+    def _open_message(self, d: Delivery) -> list[_Request]:
+        """Register a delivery; returns its requests still to answer (errors are answered here)."""
+        mid = d.headers.get("id")
+        if not isinstance(mid, str) or not mid:
+            log.error("dropping a message without a task id (headers %r)", sorted(d.headers)[:20])
+            d.reject(False)
+            return []
+        head_ids = d.headers.get("vela2_ids")
+        head_ids = [i for i in head_ids if isinstance(i, str) and i] if isinstance(head_ids, list) else []
+        msg = _Message(d, mid, chunk=bool(head_ids))
+        self._messages.add(msg)
+        try:
+            if len(d.body) > self.settings.max_message_bytes:
+                raise LimitExceeded(f"message has {len(d.body):,} bytes; limit {self.settings.max_message_bytes:,}")
+            body = decode_body(d.body, d.content_type)
+            expires = parse_expires(d.headers.get("expires"))
+        except InvalidRequest as e:
+            # Answer every id we know of (the message id, and a chunk's row ids from its header).
+            log.warning("message %s refused: %s", mid, e)
+            for rid in dict.fromkeys(head_ids or [mid]):
+                msg.pending.add(rid)
+                self._answer(msg, rid, error_result(rid, None, e))
+            return []
+        msg.chunk = body.chunk
+        out: list[_Request] = []
+        for obj in body.requests:
+            rid = request_id(obj) if body.chunk else mid
+            if rid in msg.pending:
+                msg.counts["repeated"] += 1  # the same id twice in one chunk: answered once
+                continue
+            msg.pending.add(rid)
+            out.append(_Request(rid, obj, msg, d.received, expires))
+        return out
+
+    def _prepare(self, req: _Request) -> tuple[Any, Any]:
+        """(CPU thread) validate + render one request -> (Prepared, parsed SystemOne or None)."""
+        if systemone.is_system_one(req.obj):
+            parsed = systemone.parse_request(req.obj)
+            systemone.check_model(parsed, self.model.name)
+            return self.pipeline.prepare(self.model, systemone.to_row(parsed, self.model.calibration)), parsed
+        return self.pipeline.prepare(self.model, req.obj), None
+
+    def _on_prepared(self, req: _Request, fut: Future) -> None:
+        if req.closed:
+            return
+        try:
+            prep, parsed = fut.result()
+        except Exception as e:
+            if not isinstance(e, Vela2Error):
+                log.exception("rendering %s failed", req.rid)
+            self._fail(req, e)
+            return
+        req.system_one = parsed
+        req.prep = prep
+        n = len(prep.sequences)
+        req.outputs = [None] * n
+        req.remaining = n
+        for i, seq in enumerate(prep.sequences):
+            self._buckets.add(_Seq(req, i, seq), seq.num_tokens, req.received, int(req.msg.delivery.backfill))
+
+    # --- batches ------------------------------------------------------------------------------
+
+    def _maybe_run_batch(self) -> bool:
+        batch = self._buckets.pop_batch(self.clock(), flush=self._stopping)
+        if batch is None:
+            return False
+        now_wall = datetime.now(UTC)
+        live = []
+        for item in batch:
+            req = item.req
+            if req.closed:
+                continue
+            if req.expires is not None and now_wall >= req.expires:
+                self._expire(req)
+                continue
+            live.append(item)
+        if live:
+            self._run_split(live)
+            for req in {item.req for item in live}:
+                if not req.closed and req.remaining == 0:
+                    req.closed = True
+                    fut = self._pool.submit(self._finish, req)
+                    fut.add_done_callback(lambda f, r=req: self._events.put(("finished", r, f)))
+        return True
+
+    def _run_split(self, items: list[_Seq]) -> None:
+        """Run one batch; on an exception split it in halves and retry, down to single sequences."""
+        items = [it for it in items if not it.req.closed]  # a row failed in an earlier half
+        if not items:
+            return
+        t0 = self.clock()
+        for it in items:
+            if it.req.started is None:
+                it.req.started = t0
+        try:
+            self._test_hooks(items)
+            outs = self.pipeline.run_batch(self.model, [it.seq for it in items], self.settings.precision)
+            if len(outs) != len(items):
+                raise RuntimeError(f"run_batch returned {len(outs)} outputs for {len(items)} sequences")
+        except Exception as e:
+            self.stats.batches_raised += 1
+            self.metrics.observe_batch([it.tokens for it in items], ok=False)
+            _release_device_memory()
+            if len(items) == 1:
+                req = items[0].req
+                log.warning("request %s fails alone: %s: %s", req.rid, type(e).__name__, e)
+                self._fail(
+                    req, ModelError(f"the model failed on this request alone: {type(e).__name__}: {_clip(str(e))}")
+                )
+                return
+            log.warning("batch of %d sequences raised %s: %s; splitting", len(items), type(e).__name__, _clip(str(e)))
+            mid = len(items) // 2
+            self._run_split(items[:mid])
+            self._run_split(items[mid:])
+            return
+        elapsed_ms = (self.clock() - t0) * 1e3
+        self.stats.batches += 1
+        self.metrics.observe_batch([it.tokens for it in items], ok=True)
+        for it, out in zip(items, outs, strict=True):
+            it.req.outputs[it.index] = out
+            it.req.remaining -= 1
+        for req in {it.req for it in items}:
+            req.model_ms += elapsed_ms
+
+    def _test_hooks(self, items: list[_Seq]) -> None:
+        """TEST ONLY (see TEST_DELAY_ENV / TEST_FAIL_ENV): a slow device, a batch that raises."""
+        if self._test_delay_s:
+            time.sleep(self._test_delay_s)
+        if self._test_fail_prefix and any(it.req.rid.startswith(self._test_fail_prefix) for it in items):
+            raise RuntimeError("test hook: simulated CUDA out of memory")
+
+    def _finish(self, req: _Request) -> tuple[RowResult, dict[str, Any] | None]:
+        """(CPU thread) decode a row whose sequences all ran."""
+        queue_ms = ((req.started or req.received) - req.received) * 1e3
+        res = self.pipeline.finish(self.model, req.prep, req.outputs, {"queue_ms": queue_ms, "model_ms": req.model_ms})
+        answer = systemone.to_answer(req.system_one, res) if req.system_one is not None else None
+        return res, answer
+
+    def _on_finished(self, req: _Request, fut: Future) -> None:
+        try:
+            res, answer = fut.result()
+        except Exception as e:
+            log.exception("decoding %s failed", req.rid)
+            res, answer = error_result(req.rid, _task_of(req), e), None
+        req.prep = req.outputs = None  # free the rendered row and its outputs now
+        self._answer(req.msg, req.rid, res, answer)
+
+    # --- answers, storing, acks ---------------------------------------------------------------
+
+    def _fail(self, req: _Request, exc: BaseException) -> None:
+        req.closed = True
+        answer = systemone.error_answer(req.obj, exc) if systemone.is_system_one(req.obj) else None
+        self._answer(req.msg, req.rid, error_result(req.rid, _task_of(req), exc), answer)
+        if req.remaining:
+            self._buckets.remove(lambda s: s.req is not req)
+
+    def _expire(self, req: _Request) -> None:
+        req.closed = True
+        when = req.expires.isoformat() if req.expires else "?"
+        res = expired_result(req.rid, _task_of(req), f"deadline {when} passed before the request was scored")
+        answer = _system_one_answer(req, res) if systemone.is_system_one(req.obj) else None
+        self._answer(req.msg, req.rid, res, answer)
+        if req.remaining:
+            self._buckets.remove(lambda s: s.req is not req)
+
+    def _answer(self, msg: _Message, rid: str, res: RowResult, answer: dict[str, Any] | None = None) -> None:
+        status = res.status.value if isinstance(res.status, Status) else str(res.status)
+        self._to_store.append((msg, rid, row_meta(rid, res, answer), status))
+        reason = res.error.type if res.status == Status.error and res.error else None
+        self.metrics.observe_result(status, reason, res.timings)
+
+    def _flush_results(self) -> None:
+        """Store pending results (one round trip), then summaries of finished chunks, then ack."""
+        if not self._to_store or self.clock() < self._store_after:
+            return
+        items, self._to_store = self._to_store, []
+        try:
+            self.store.store([(rid, meta) for _, rid, meta, _ in items])
+        except Exception as e:
+            log.error("storing %d results failed (%s); retrying in %.0f s", len(items), e, _STORE_RETRY_S)
+            self._to_store = items + self._to_store
+            self._store_after = self.clock() + _STORE_RETRY_S
+            return
+        touched = []
+        for msg, rid, _, status in items:
+            msg.pending.discard(rid)
+            msg.counts[status] += 1
+            self.stats.results[status] += 1
+            touched.append(msg)
+        for msg in dict.fromkeys(touched):
+            self._maybe_finalize(msg)
+
+    def _maybe_finalize(self, msg: _Message) -> None:
+        """Ack a message once every request of it has a stored result (a chunk: its summary too)."""
+        if msg.pending or msg.finalized:
+            return
+        if msg.chunk:
+            try:
+                self.store.store([(msg.id, chunk_meta(msg.id, dict(msg.counts)))])
+            except Exception as e:
+                log.error("storing the summary of chunk %s failed (%s); it stays unacked", msg.id, e)
+                return
+        with self._lock:
+            if msg.finalized:
+                return
+            msg.finalized = True
+        self._messages.discard(msg)
+        self.stats.messages_acked += 1
+        msg.delivery.ack()
+
+    def _return_all(self) -> None:
+        """Give every message not yet acked back to its queue (warm stop ran out of time)."""
+        for msg in list(self._messages):
+            with self._lock:
+                if msg.finalized:
+                    continue
+                msg.finalized = True
+            self._messages.discard(msg)
+            self.stats.messages_returned += 1
+            try:
+                msg.delivery.reject(True)
+            except Exception as e:
+                log.error("returning message %s failed: %s", msg.id, e)
+
+
+def _task_of(req: _Request) -> str | None:
+    if req.prep is not None:
+        return req.prep.row.task
+    return guess_id_task(req.obj)[1]
+
+
+def _system_one_answer(req: _Request, res: RowResult) -> dict[str, Any]:
+    """The SystemOne answer carrying a non-ok RowResult (the request parsed or not)."""
+    try:
+        parsed = req.system_one or systemone.parse_request(req.obj)
+        return systemone.to_answer(parsed, res)
+    except Vela2Error as e:
+        return systemone.error_answer(req.obj, e)
+
+
+def _clip(text: str, n: int = 300) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _release_device_memory() -> None:
+    """After a failed batch (often CUDA OOM), hand cached blocks back before the retry."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# --- start-up: worst batch time and the visibility timeout rule ------------------------------------
+
+
+def warmup_row(max_window_tokens: int) -> dict[str, Any]:
+    """A long synthetic row (choice + span blocks) whose windows fill `max_window_tokens`."""
+    words = (
+        "Alice from Acme wrote to the support team about order 4471 and the refund was sent "
+        "on Monday while the weather in the city stayed green and quiet"
+    ).split()
+    n = max_window_tokens * 2
+    return {
+        "id": "vela2-warmup",
+        "task": "choice:warmup",
+        "text": " ".join(words[i % len(words)] for i in range(n)),
+        "questions": [
+            {"question": "Is the customer satisfied?", "options": ["yes", "no"]},
+            {"task": "span:warmup", "labels": ["person", "company"]},
+        ],
+    }
+
+
+def measure_worst_batch_s(model: Any, settings: EngineSettings, pipeline: Any = None) -> float:
+    """Run one batch at `max_batch_tokens` (copies of the longest window of `warmup_row`) twice;
+    returns the second, warm time in seconds (the first pays one-off start-up costs)."""
+    if pipeline is None:
+        import vela2.pipeline as pipeline
+    prep = pipeline.prepare(model, warmup_row(model.config.max_window_tokens))
+    longest = max(prep.sequences, key=lambda s: s.num_tokens)
+    batch = [longest] * max(1, settings.max_batch_tokens // longest.num_tokens)
+    delay = float(os.environ.get(TEST_DELAY_ENV) or 0)  # test hook: the slow device counts too
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        pipeline.run_batch(model, batch, settings.precision)
+        _synchronize(model)
+        times.append(time.perf_counter() - t0 + delay)
+    log.info(
+        "warm-up batch: %d x %d tokens in %.3f s (first %.3f s)", len(batch), longest.num_tokens, times[1], times[0]
+    )
+    return times[1]
+
+
+def _synchronize(model: Any) -> None:
+    torch = sys.modules.get("torch")
+    device = getattr(model, "device", None)
+    if torch is not None and getattr(device, "type", None) == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def buffered_batches(max_buffered: int, max_window_tokens: int, max_batch_tokens: int) -> int:
+    """Batches a full buffer needs in the worst case for single-window rows: every buffered message
+    a row of max_window_tokens tokens."""
+    per_batch = max(1, max_batch_tokens // max(1, max_window_tokens))
+    return -(-max(1, max_buffered) // per_batch)
+
+
+def required_visibility_s(max_wait_ms: float, batches: int, worst_batch_s: float) -> float:
+    """The least visibility timeout: max_wait + (buffered batches + 1) x worst batch x 2."""
+    return max_wait_ms / 1e3 + (batches + 1) * worst_batch_s * 2
+
+
+def check_visibility(visibility_timeout_s: float, max_wait_ms: float, batches: int, worst_batch_s: float) -> None:
+    """Refuse to start (ConfigError) when a message could outlive the visibility timeout while this
+    worker still holds it (it would be redelivered to another worker and scored twice)."""
+    need = required_visibility_s(max_wait_ms, batches, worst_batch_s)
+    if visibility_timeout_s <= need:
+        raise ConfigError(
+            f"visibility timeout {visibility_timeout_s:g} s is too short: it must exceed max_wait "
+            f"{max_wait_ms / 1e3:g} s + ({batches} buffered batches + 1) x worst batch {worst_batch_s:.3f} s "
+            f"x 2 = {need:.1f} s; raise --visibility-timeout-s, or lower --max-batch-tokens / max_buffered"
+        )
