@@ -87,13 +87,16 @@ def _weight_files(path: Path) -> dict[str, Path]:
     raise CheckpointError(f"{path} holds neither {WEIGHTS} nor {INDEX}")
 
 
-def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Vela2Model:
+def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+         *, random_weights: bool = False) -> Vela2Model:
     """Load a checkpoint directory onto `device`.
 
     `dtype` is the dtype the backbone is held in: float32 (runs precision fp32 and bf16 autocast,
     from the stored bf16 matmul weights upcast exactly) or bfloat16 (bf16 only, half the memory).
     Heads are always fp32. The model is built on the meta device, so a 9B export needs no
     random initialisation and no second copy in host memory.
+    `random_weights=True` (benchmarks only) ignores stored weights and builds seeded random ones
+    on the device: a config + tokenizer directory is then enough to serve a 9B-shaped model.
     """
     path = Path(path)
     config = Vela2Config.read(path)
@@ -102,6 +105,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
         raise CheckpointError(f"{tok_path} does not exist")
     tokenizer = Tokenizer.from_file(str(tok_path))
     calibration = Calibration.read(path)
+    if random_weights:
+        log.warning("%s: serving RANDOM weights (benchmark mode), not the stored ones", config.name)
+        return Vela2Model.random(config, tokenizer, calibration, device=device, dtype=dtype)
     with torch.device("meta"):
         model = Vela2Model(config, tokenizer, calibration, build_backbone(config))
     model.to_empty(device=device)

@@ -71,6 +71,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                              device=args.device, precision=args.precision)
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    from worker.app import WorkerSettings, run_worker
+
+    settings = WorkerSettings.from_env(
+        checkpoint=args.checkpoint, device=args.device, precision=args.precision, redis_url=args.redis,
+        visibility_timeout_s=args.visibility_timeout_s, max_batch_tokens=args.max_batch_tokens,
+        max_wait_ms=args.max_wait_ms, metrics_port=args.metrics_port, row_tokens=args.row_tokens,
+        attn=args.attn, max_buffered=args.max_buffered, shutdown_timeout_s=args.shutdown_timeout_s,
+    )
+    return run_worker(settings, loglevel=args.loglevel)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from worker.demo import run_demo
+
+    return run_demo(args.checkpoint)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vela2", description="Vela 2 streaming scorer")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -98,6 +116,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu")
     s.add_argument("--precision", choices=["bf16", "fp32"], default="fp32")
     s.set_defaults(func=cmd_calibrate)
+
+    s = sub.add_parser("worker", help="the Celery GPU worker (one process per device)",
+                       description="Settings not given on the command line come from VELA2_* variables.")
+    s.add_argument("--checkpoint", help="checkpoint directory (or VELA2_CHECKPOINT)")
+    s.add_argument("--device", help="cuda:0, cpu, ... (default cpu)")
+    s.add_argument("--precision", choices=["bf16", "fp32"], help="default bf16 on CUDA, fp32 on CPU")
+    s.add_argument("--redis", help="broker and result backend URL (or VELA2_REDIS_URL)")
+    s.add_argument("--visibility-timeout-s", type=float, help="unacked messages return after this long")
+    s.add_argument("--max-batch-tokens", type=int, help="padded tokens per device batch")
+    s.add_argument("--max-wait-ms", type=float, help="longest a request waits for its bucket to fill")
+    s.add_argument("--max-buffered", type=int, help="messages the worker holds at once (prefetch)")
+    s.add_argument("--row-tokens", type=int, help="pack short sequences into rows of this many tokens (0: off)")
+    s.add_argument("--attn", choices=["sdpa", "flex"], help="attention backend")
+    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    s.add_argument("--shutdown-timeout-s", type=float, help="warm shutdown: finish or return within this")
+    s.add_argument("--loglevel", default="INFO")
+    s.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("demo", help="the main job: embedded Redis, a worker, sample requests, answers")
+    s.add_argument("--checkpoint", help="demo checkpoint to use (default: written to a temporary folder)")
+    s.set_defaults(func=cmd_demo)
     return p
 
 

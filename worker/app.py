@@ -59,6 +59,9 @@ ENV = {
     "shutdown_timeout_s": "VELA2_SHUTDOWN_TIMEOUT_S",
     "metrics_port": "VELA2_METRICS_PORT",
     "model_name": "VELA2_MODEL",
+    "row_tokens": "VELA2_ROW_TOKENS",
+    "attn": "VELA2_ATTN",
+    "random_weights": "VELA2_RANDOM_WEIGHTS",
 }
 
 
@@ -70,7 +73,7 @@ class WorkerSettings:
     checkpoint: str | None = None  # checkpoint directory (required to run)
     device: str = "cpu"  # "cuda:0", "cpu", ...: one worker process per device
     precision: str | None = None  # "fp32" | "bf16"; None: bf16 on CUDA, fp32 elsewhere
-    dtype: str | None = None  # backbone dtype "float32" | "bfloat16"; None: bfloat16 for bf16 on CUDA
+    dtype: str | None = None  # backbone dtype "float32" | "bfloat16"; None: bfloat16 for bf16, else float32
     max_batch_tokens: int = 16_384  # padded tokens (longest x count) per device batch
     max_wait_ms: float = 20.0  # a request waits at most this long for its bucket to fill
     visibility_timeout_s: float = 3600.0  # unacked messages return to the queue after this long
@@ -80,6 +83,9 @@ class WorkerSettings:
     shutdown_timeout_s: float = 60.0  # warm shutdown: finish what is held within this, return the rest
     metrics_port: int = 0  # Prometheus port; 0: no HTTP endpoint
     model_name: str | None = None  # queue naming; None: the checkpoint's config.json name
+    row_tokens: int = 0  # pack several short sequences per row of this many tokens; 0: one per row
+    attn: str = "sdpa"  # attention backend: sdpa (dense tree mask) | flex (block-sparse, compiled)
+    random_weights: int = 0  # 1: seeded random weights instead of the stored ones (benchmarks only)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> WorkerSettings:
@@ -107,7 +113,8 @@ class WorkerSettings:
     def resolved_dtype(self) -> str:
         if self.dtype:
             return self.dtype
-        return "bfloat16" if self.resolved_precision == "bf16" and self.device.startswith("cuda") else "float32"
+        # the same rule as every other serving path (vela2.checkpoint.serving_dtype)
+        return "bfloat16" if self.resolved_precision == "bf16" else "float32"
 
     def resolved_model_name(self) -> str:
         """The model name the queues are named after (reads the checkpoint's config.json)."""
@@ -206,7 +213,10 @@ def build_engine(settings: WorkerSettings) -> Engine:
     settings.validate()
     if not settings.checkpoint:
         raise ConfigError(f"no checkpoint: pass --checkpoint or set {ENV['checkpoint']}")
-    model = vela2.load(settings.checkpoint, device=settings.device, dtype=getattr(torch, settings.resolved_dtype))
+    model = vela2.load(settings.checkpoint, device=settings.device, dtype=getattr(torch, settings.resolved_dtype),
+                       random_weights=bool(settings.random_weights))
+    if settings.attn != "sdpa":
+        model.set_attention(settings.attn)
     model.check_precision(settings.resolved_precision)
     if model.name != settings.resolved_model_name():
         raise ConfigError(f"checkpoint model {model.name!r} does not match the queue model {settings.model_name!r}")
