@@ -229,8 +229,11 @@ def build_engine(settings: WorkerSettings) -> Engine:
     worst_s = measure_worst_batch_s(model, engine_settings)
     batches = buffered_batches(settings.max_buffered, model.config.max_window_tokens, settings.max_batch_tokens)
     check_visibility(settings.visibility_timeout_s, settings.max_wait_ms, batches, worst_s)
-    store = ResultStore(redis.Redis.from_url(settings.redis_url), settings.result_expires_s)
-    metrics = Metrics()
+    client = redis.Redis.from_url(settings.redis_url)
+    store = ResultStore(client, settings.result_expires_s)
+    metrics = Metrics(row_tokens=settings.row_tokens)
+    metrics.describe_worker(model=model.name, device=settings.device, precision=settings.resolved_precision,
+                            redis=client, queues=keys.queues(model.name))
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
     engine = Engine(model, store, engine_settings, metrics=metrics)

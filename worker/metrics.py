@@ -1,61 +1,138 @@
-"""Prometheus metrics of one worker process (minimal for now; the metrics issue completes it).
+"""Prometheus metrics of one worker process, served on `--metrics-port` at /metrics.
 
-Every metric is prefixed `vela2_`; failures are labelled by reason. Each `Metrics` has its own
-registry, so tests can build several in one process; `serve(port)` exposes it over HTTP.
+Every metric is prefixed `vela2_`; failures are labelled by reason, durations by stage. Queue depth
+is read from Redis at scrape time (the queue lists, kombu's priority sub-lists and the unacked hash),
+because LLEN alone misses what workers hold: see deploy/README.md for autoscaling on it. Each
+`Metrics` has its own registry, so tests can build several in one process.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
-_MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000)
-_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-_TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+_S_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
+_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+_FRACTION_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75)
+# kombu's Redis transport keeps priority messages in sub-lists named <queue><sep><priority>.
+KOMBU_PRIORITY_SEP = "\x06\x16"
+KOMBU_PRIORITY_STEPS = (3, 6, 9)
+KOMBU_UNACKED = "unacked"
+
+
+class QueueDepthCollector(Collector):
+    """`vela2_queue_depth{queue}` read from Redis at scrape time (one pipelined round trip)."""
+
+    def __init__(self, redis: Any, queues: list[str]):
+        self.redis = redis
+        self.queues = queues
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily("vela2_queue_depth", "Messages waiting in Redis, by queue; 'unacked' = "
+                              "delivered to some worker and not yet acked (buffered or running)", labels=["queue"])
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for q in self.queues:
+                pipe.llen(q)
+                for p in KOMBU_PRIORITY_STEPS:
+                    pipe.llen(f"{q}{KOMBU_PRIORITY_SEP}{p}")
+            pipe.hlen(KOMBU_UNACKED)
+            counts = pipe.execute()
+        except Exception as e:  # a scrape must not fail because Redis is away; the gauge is just absent
+            log.warning("queue depth unavailable: %s", e)
+            return
+        step = 1 + len(KOMBU_PRIORITY_STEPS)
+        for i, q in enumerate(self.queues):
+            g.add_metric([q], float(sum(counts[i * step : (i + 1) * step])))
+        g.add_metric([KOMBU_UNACKED], float(counts[-1]))
+        yield g
+
+
+class GpuMemoryCollector(Collector):
+    """`vela2_gpu_memory_bytes{device, kind=allocated|reserved|peak|total}` for a CUDA device."""
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        import torch
+
+        if not self.device.startswith("cuda") or not torch.cuda.is_available():
+            return
+        g = GaugeMetricFamily("vela2_gpu_memory_bytes", "GPU memory of this worker's device", labels=["device", "kind"])
+        d = torch.device(self.device)
+        g.add_metric([self.device, "allocated"], float(torch.cuda.memory_allocated(d)))
+        g.add_metric([self.device, "reserved"], float(torch.cuda.memory_reserved(d)))
+        g.add_metric([self.device, "peak"], float(torch.cuda.max_memory_allocated(d)))
+        g.add_metric([self.device, "total"], float(torch.cuda.get_device_properties(d).total_memory))
+        yield g
 
 
 class Metrics:
-    """The worker's counters and histograms."""
+    """The worker's counters, histograms and gauges (the engine calls observe_*)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, row_tokens: int = 0) -> None:
         self.registry = CollectorRegistry()
+        self.row_tokens = row_tokens
         r = self.registry
-        self.results = Counter("vela2_results", "Results stored, by status", ["status"], registry=r)
-        self.failures = Counter("vela2_failures", "Failed requests, by reason", ["reason"], registry=r)
-        self.duplicates = Counter("vela2_duplicate_deliveries", "Requests that already had a result", registry=r)
-        self.batches = Counter("vela2_batches", "Batches run (retried halves included)", ["outcome"], registry=r)
+        self.requests = Counter("vela2_requests", "Results stored, by status (ok, error, expired)", ["status"],
+                                registry=r)
+        self.failures = Counter("vela2_failures", "Failed requests, by reason (error type)", ["reason"], registry=r)
+        self.duplicates = Counter("vela2_duplicate_deliveries", "Deliveries of requests that already had a result",
+                                  registry=r)
+        self.batches = Counter("vela2_batches", "Batches run (retried halves included), by outcome", ["outcome"],
+                               registry=r)
         self.batch_size = Histogram("vela2_batch_size", "Sequences per batch", buckets=_SIZE_BUCKETS, registry=r)
-        self.batch_tokens = Histogram("vela2_batch_tokens", "Real tokens per batch", buckets=_TOKEN_BUCKETS, registry=r)
-        self.batch_padding = Histogram(
-            "vela2_batch_padding_ratio",
-            "Padded / real tokens per batch",
-            buckets=(1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0),
-            registry=r,
-        )
-        self.latency = Histogram(
-            "vela2_latency_ms", "Per-request time by stage", ["stage"], buckets=_MS_BUCKETS, registry=r
-        )
-        self.buffered = Gauge("vela2_buffered_messages", "Messages held by the engine", registry=r)
+        self.batch_tokens = Histogram("vela2_batch_tokens", "Real tokens per batch", buckets=_TOKEN_BUCKETS,
+                                      registry=r)
+        self.batch_padding = Histogram("vela2_batch_padding_fraction", "Padding / padded tokens per batch",
+                                       buckets=_FRACTION_BUCKETS, registry=r)
+        self.duration = Histogram("vela2_request_duration_seconds", "Per-request time by stage",
+                                  ["stage"], buckets=_S_BUCKETS, registry=r)
+        self.buffered = Gauge("vela2_buffered_messages", "Messages held by this worker's engine", registry=r)
         self.waiting = Gauge("vela2_waiting_sequences", "Sequences waiting in length buckets", registry=r)
+        self.info = Gauge("vela2_worker_info", "Constant 1, labelled with what this worker serves",
+                          ["model", "device", "precision"], registry=r)
+
+    def describe_worker(self, *, model: str, device: str, precision: str, redis: Any, queues: list[str]) -> None:
+        """Label this worker and register the scrape-time collectors (queue depth, GPU memory)."""
+        self.info.labels(model, device, precision).set(1)
+        self.registry.register(QueueDepthCollector(redis, queues))
+        self.registry.register(GpuMemoryCollector(device))
+
+    def padded_tokens(self, tokens: list[int]) -> int:
+        """Padded size of a batch of sequences of these lengths, as run_batch lays it out."""
+        if not self.row_tokens:
+            return max(tokens) * len(tokens)
+        from vela2.pipeline import plan_rows
+
+        rows = plan_rows(tokens, self.row_tokens)
+        return len(rows) * max(sum(tokens[i] for i in row) for row in rows)
 
     def observe_batch(self, tokens: list[int], ok: bool) -> None:
         """One batch over sequences of these lengths."""
         self.batches.labels("ok" if ok else "raised").inc()
         if ok and tokens:
+            real = sum(tokens)
             self.batch_size.observe(len(tokens))
-            self.batch_tokens.observe(sum(tokens))
-            self.batch_padding.observe(max(tokens) * len(tokens) / max(1, sum(tokens)))
+            self.batch_tokens.observe(real)
+            self.batch_padding.observe(1.0 - real / max(1, self.padded_tokens(tokens)))
 
     def observe_result(self, status: str, reason: str | None, timings: dict[str, float] | None) -> None:
-        """One stored result; `reason` = error.type of a failed one."""
-        self.results.labels(status).inc()
+        """One stored result; `reason` = error.type of a failed one; timings in ms by stage."""
+        self.requests.labels(status).inc()
         if reason:
             self.failures.labels(reason).inc()
         for stage, ms in (timings or {}).items():
-            self.latency.labels(stage.removesuffix("_ms")).observe(ms)
+            self.duration.labels(stage.removesuffix("_ms")).observe(ms / 1e3)
 
     def serve(self, port: int) -> None:
         """Expose the metrics on http://0.0.0.0:<port>/metrics (a daemon thread)."""
