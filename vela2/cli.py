@@ -89,6 +89,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.checkpoint)
 
 
+def cmd_parity(args: argparse.Namespace) -> int:
+    from worker.parity import parity_command
+
+    return parity_command(args.checkpoint, args.rows, json_path=args.json, redis_url=args.redis, device=args.device)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vela2", description="Vela 2 streaming scorer")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -133,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shutdown-timeout-s", type=float, help="warm shutdown: finish or return within this")
     s.add_argument("--loglevel", default="INFO")
     s.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("parity", help="the seed-format parity report: worker vs predict(), bundled vs single, "
+                                      "precisions, SystemOne")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("rows", help="JSONL rows to compare on")
+    s.add_argument("--json", help="write the report as JSON too")
+    s.add_argument("--redis", help="Redis URL (default: an embedded one)")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_parity)
 
     s = sub.add_parser("demo", help="the main job: embedded Redis, a worker, sample requests, answers")
     s.add_argument("--checkpoint", help="demo checkpoint to use (default: written to a temporary folder)")

@@ -65,7 +65,12 @@ class Vela2Config:
     special_tokens: SpecialTokens = field(default_factory=SpecialTokens)
     max_window_tokens: int = 2048  # longest sequence one window may have (context + longest block)
     window_overlap_words: int = 64  # words shared by consecutive windows of a long text
+    window_block_reserve_tokens: int = 0  # tokens kept for question blocks; 0: max_window_tokens // 8
     model_type: str = "vela2"
+
+    @property
+    def block_reserve_tokens(self) -> int:
+        return self.window_block_reserve_tokens or self.max_window_tokens // 8
 
     @property
     def hidden_size(self) -> int:
@@ -88,6 +93,7 @@ class Vela2Config:
             special_tokens=SpecialTokens(**d.get("special_tokens", {})),
             max_window_tokens=int(d.get("max_window_tokens", 2048)),
             window_overlap_words=int(d.get("window_overlap_words", 64)),
+            window_block_reserve_tokens=int(d.get("window_block_reserve_tokens", 0)),
         )
 
     @classmethod

@@ -101,7 +101,7 @@ def demo_config(name: str = DEMO_NAME, vocab_size: int = 3000, **backbone: objec
     base.update(backbone)
     hidden = int(base["hidden_size"])
     return Vela2Config(name=name, backbone=base, heads=HeadsConfig(option_hidden=hidden, span_dim=min(hidden, 128)),
-                       max_window_tokens=512, window_overlap_words=32)
+                       max_window_tokens=768, window_overlap_words=32, window_block_reserve_tokens=288)
 
 
 def demo_calibration() -> Calibration:

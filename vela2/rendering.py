@@ -8,8 +8,11 @@ Heads read the hidden state at each marker (it has seen its option / label text 
 and at each context word's first token. Position ids of every block start at the context length,
 so each block sees exactly what it would see if it were asked alone.
 
-A context longer than `max_window_tokens - 1 - longest block` is split into overlapping word
-windows; every window is its own sequence carrying all blocks. Rendering is a pure function of
+A context longer than `max_window_tokens - 1 - max(block reserve, longest block)` is split into
+overlapping word windows; every window is its own sequence carrying all blocks. Blocks that fit the
+reserve (config `window_block_reserve_tokens`, default an eighth of the window) leave the windows
+of a text unchanged, so a bundled answer equals the answer asked alone, long texts included.
+Rendering is a pure function of
 (row, tokenizer, config, default question texts): the worker and predict() call the same code.
 """
 
@@ -135,7 +138,9 @@ class Renderer:
         word_toks = self.word_tokens([row.text[s:e] for s, e in offsets.tolist()])
         blocks = [self.block_tokens(row, i) for i in range(len(row.questions))]
         longest = max(len(t) for t, _ in blocks)
-        budget = self.config.max_window_tokens - 1 - longest  # context tokens one window may hold
+        # Context tokens one window may hold. Blocks up to the reserve do not change the plan, so the
+        # windows of a text (and hence each answer) are the same whichever questions are bundled.
+        budget = self.config.max_window_tokens - 1 - max(self.config.block_reserve_tokens, longest)
         if budget < 16:
             raise LimitExceeded(
                 f"the longest question block has {longest:,} tokens; with the window of "

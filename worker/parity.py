@@ -8,10 +8,14 @@ same-precision comparison shows a decision / span-set diff or a rendering mismat
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -310,3 +314,101 @@ def verdict(report: dict[str, Any]) -> tuple[bool, str]:
     if not report["systemone"]["ok"] or not report["systemone"]["other_model_rejected"]:
         bad.append("SystemOne answers differ from predict()")
     return (not bad, "; ".join(bad) if bad else "same-precision arms agree on every decision; renders identical")
+
+
+# --- running it -----------------------------------------------------------------------------------
+
+
+def _worker_arm(checkpoint: str, rows: list[dict], *, redis_url: str, device: str, precision: str,
+                workdir: Path, max_batch_tokens: int, tag: str) -> tuple[list[dict], float]:
+    """The queue path: a real worker process at `precision`, every row submitted through the
+    producer client (ids suffixed with `tag`, so arms never share a write-once result)."""
+    from producer.client import Client
+    from worker.demo import start_worker, wait_until_ready
+
+    log_path = workdir / f"worker-{tag}.log"
+    proc = start_worker(redis_url, checkpoint, log_path, device=device, precision=precision,
+                        max_batch_tokens=max_batch_tokens, max_wait_ms=20)
+    try:
+        wait_until_ready(proc, log_path)
+        client = Client(redis_url, model=_model_name(checkpoint))
+        tagged = [dict(r, id=f"{r['id']}#{tag}") for r in rows]
+        t0 = time.perf_counter()
+        ids = client.submit_many(tagged)
+        got = client.results_many(ids, timeout_s=600)
+        elapsed = time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    out = []
+    for r, rid in zip(rows, ids, strict=True):
+        res = got.get(rid)
+        if res is None:
+            raise RuntimeError(f"the worker left {rid} unanswered (log: {log_path})")
+        d = res.to_json_dict()
+        d["id"] = r["id"]
+        out.append(d)
+    return out, elapsed
+
+
+def _model_name(checkpoint: str) -> str:
+    from vela2.config import Vela2Config
+
+    return Vela2Config.read(checkpoint).name
+
+
+def run_parity(checkpoint: str, rows: list[dict], *, redis_url: str | None = None, device: str = "cpu",
+               max_batch_tokens: int = 16_384) -> dict[str, Any]:
+    """Run every arm and comparison; returns the report dict (see `format_report`)."""
+    import tempfile
+
+    import vela2
+    from vela2.checkpoint import load, serving_dtype
+    from worker.demo import embedded_redis
+
+    rows = debug_rows(rows)
+    times: dict[str, float] = {}
+    models = {p: load(checkpoint, device=device, dtype=serving_dtype(p)) for p in ("bf16", "fp32")}
+    predicted = {}
+    for p, m in models.items():
+        res, times[f"predict_{p}"] = timed(vela2.predict, m, rows, precision=p, max_batch_tokens=max_batch_tokens)
+        predicted[p] = [r.to_json_dict() for r in res]
+    worker_out: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="vela2-parity-") as tmp, contextlib.ExitStack() as stack:
+        url = redis_url or stack.enter_context(embedded_redis(Path(tmp)))[0]
+        nonce = uuid.uuid4().hex[:8]
+        for p in ("bf16", "fp32"):
+            worker_out[p], times[f"worker_{p}"] = _worker_arm(
+                checkpoint, rows, redis_url=url, device=device, precision=p, workdir=Path(tmp),
+                max_batch_tokens=max_batch_tokens, tag=f"{p}-{nonce}")
+    comparisons: list[Comparison] = []
+    comparisons += compare("worker_bf16_vs_predict_bf16", worker_out["bf16"], predicted["bf16"], True)
+    comparisons += compare("worker_fp32_vs_predict_fp32", worker_out["fp32"], predicted["fp32"], True)
+    comparisons += compare("predict_fp32_vs_predict_bf16", predicted["fp32"], predicted["bf16"], False)
+    fp32 = models["fp32"]
+    bundle, times["bundled_vs_single_fp32"] = timed(
+        bundled_vs_single, lambda rs: [r.to_json_dict() for r in vela2.predict(fp32, rs, precision="fp32")], rows)
+    systemone, times["systemone"] = timed(systemone_section, fp32, "fp32")
+    rendering = rendering_section(predicted["bf16"], worker_out["bf16"])
+    fp32_render = rendering_section(predicted["fp32"], worker_out["fp32"])
+    rendering["mismatches"] += fp32_render["mismatches"]
+    report = {
+        "checkpoint": str(checkpoint), "model": fp32.name, "device": device, "rows": len(rows),
+        "row_counts": type_counts(rows), "rendering": rendering,
+        "comparisons": [c.to_dict() for c in comparisons],
+        "bundled_vs_single": vars(bundle), "bundle_precision": "fp32", "systemone": systemone,
+        "times_s": {k: round(v, 2) for k, v in times.items()},
+    }
+    report["ok"], report["verdict"] = verdict(report)
+    return report
+
+
+def parity_command(checkpoint: str, rows_path: str, *, json_path: str | None, redis_url: str | None,
+                   device: str) -> int:
+    """`vela2 parity`: print the report, write JSON when asked; exit 1 on a same-precision diff."""
+    rows = [json.loads(line) for line in Path(rows_path).read_text().splitlines() if line.strip()]
+    report = run_parity(checkpoint, rows, redis_url=redis_url, device=device)
+    print(format_report(report), end="")
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["ok"] else 1

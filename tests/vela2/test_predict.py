@@ -106,10 +106,15 @@ BUNDLES = [
 ]
 
 
-@pytest.mark.parametrize("row", BUNDLES, ids=lambda r: r["id"])
+LONG_BUNDLE = dict(BUNDLES[1], id="b3-long", text=" ".join([TEXT] * 30))  # several windows
+
+
+@pytest.mark.parametrize("row", [*BUNDLES, LONG_BUNDLE], ids=lambda r: r["id"])
 def test_bundled_equals_single(demo_model, row):
     (bundled,) = vela2.predict(demo_model, [row], precision="fp32")
     singles = [vela2.predict(demo_model, [r], precision="fp32")[0] for r in single_rows(row)]
+    windows = {len(prepare(demo_model, r).sequences) for r in [row, *single_rows(row)]}
+    assert len(windows) == 1, f"window plans differ between the bundle and its questions: {windows}"
     for i, s in enumerate(singles):
         one = bundled.model_copy(update={"answers": [bundled.answers[i].model_copy(update={"question": 0})]})
         assert_close(one, s)

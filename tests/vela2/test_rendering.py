@@ -297,11 +297,11 @@ def test_text_over_word_limit(demo_model):
 
 
 def test_block_too_long_for_a_window(demo_model):
-    opts = [f"company market report price bank city police court {i}" for i in range(60)]
+    opts = [f"company market report price bank city police court {i} of the market" for i in range(64)]
     row = parse_row({"id": "x", "task": "choice:t", "text": "some text", "questions": [{"options": opts}]})
     with pytest.raises(
         LimitExceeded,
         match=r"the longest question block has [\d,]+ tokens; with the window "
-        r"of 512 tokens that leaves -?\d+ for the text \(need >= 16\)",
+        r"of 768 tokens that leaves -?\d+ for the text \(need >= 16\)",
     ):
         render_row(row, demo_model.tokenizer, demo_model.config, demo_model.calibration.default_questions)
