@@ -1,0 +1,65 @@
+"""`vela2 parity` on the demo checkpoint: every section present, same-precision arms agree."""
+
+from __future__ import annotations
+
+import json
+
+from bench.workload import make_workload
+from vela2.cli import main
+from worker.parity import compare, format_report
+
+
+def test_parity_command_on_the_demo_checkpoint(demo_dir, redis_url, tmp_path, capsys):
+    rows = make_workload(seed=3, copies=1)
+    pick = [r for r in rows if len(r["questions"]) > 1][:4]
+    pick += [r for r in rows if r["task"].startswith("span:pii_dev")][:2]
+    pick += [r for r in rows if r["task"].split(":")[0] in ("choice", "score") and len(r["questions"]) == 1][:4]
+    rows_path = tmp_path / "rows.jsonl"
+    rows_path.write_text("".join(json.dumps(r) + "\n" for r in pick))
+    out = tmp_path / "parity.json"
+    code = main(["parity", "--checkpoint", str(demo_dir), str(rows_path), "--json", str(out), "--redis", redis_url])
+    text = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert code == 0, text
+    for section in ("Rendering", "Outputs", "Bundled vs single", "SystemOne vs predict()", "Arm run times"):
+        assert section in text
+    assert report["rendering"]["rows"] == len(pick) and report["rendering"]["mismatches"] == 0
+    names = {(c["name"], c["type"]) for c in report["comparisons"]}
+    for arm in ("worker_bf16_vs_predict_bf16", "worker_fp32_vs_predict_fp32", "predict_fp32_vs_predict_bf16"):
+        assert {(arm, t) for t in ("choice", "set", "span")} <= names
+    for c in report["comparisons"]:
+        if c["same_precision"]:
+            assert c["decision_diffs"] == 0, c
+        if c["name"] == "worker_fp32_vs_predict_fp32":
+            assert c["max_abs_prob_diff"] < 1e-4, c
+    b = report["bundled_vs_single"]
+    assert b["questions"] > 4 and b["decision_flips"] == 0 and b["max_abs_logit_diff"] < 1e-4
+    assert report["systemone"]["max_abs_diff"] == 0 and report["systemone"]["other_model_rejected"]
+    assert set(report["times_s"]) >= {"predict_bf16", "predict_fp32", "worker_bf16", "worker_fp32"}
+
+
+def test_compare_counts_decision_and_span_diffs():
+    def res(decision, spans, p):
+        return {"status": "ok", "answers": [
+            {"task": "choice:x", "probs": {"a": p, "b": 1 - p}, "decision": decision, "logits": [p, 0.0, -1.0]},
+            {"task": "span:pii", "probs": {"person": 0.9}, "spans": spans, "gate_fired": False,
+             "units": {"offsets": [[0, 1]], "probs": {"person": [0.9]}, "logits": {"person": [2.2]}}}]}
+
+    s1 = [{"label": "person", "start": 0, "end": 1}]
+    left, right = [res("a", s1, 0.7)], [res("b", [], 0.4)]
+    comps = {c.type: c for c in compare("x", left, right, same_precision=True)}
+    assert comps["choice"].decision_diffs == 1 and abs(comps["choice"].max_abs_prob_diff - 0.3) < 1e-12
+    assert comps["span"].span_set_diffs == 1 and comps["span"].spans == 1
+    report = {"checkpoint": "c", "model": "m", "device": "cpu", "rows": 1, "row_counts": {"choice:x": 1},
+              "rendering": {"rows": 1, "sequences": 1, "mismatches": 0, "parts": 0, "blocks": 0,
+                            "word_positions": 0, "offsets": 0, "window_count": 0},
+              "comparisons": [c.to_dict() for c in comps.values()],
+              "bundled_vs_single": {"rows": 0, "by_task": {}, "questions": 0, "span_questions": 0,
+                                    "bit_identical": 0, "max_abs_logit_diff": 0, "span_max_abs_logit_diff": 0,
+                                    "noise_floor_max_abs_logit_diff": 0, "noise_floor_span_max_abs_logit_diff": 0,
+                                    "decision_flips": 0},
+              "bundle_precision": "fp32",
+              "systemone": {"requests": 0, "tasks": 0, "max_abs_diff": 0, "decision_mismatches": 0, "ok": True,
+                            "other_model_rejected": True},
+              "times_s": {}, "ok": False, "verdict": "x: 1 decision diffs"}
+    assert "1 span-set diffs" in format_report(report)
