@@ -3,6 +3,7 @@
 Never imports torch: a web backend installs the base package and talks to Redis only.
 """
 
+from producer.aio import AsyncClient
 from producer.client import Client
 
-__all__ = ["Client"]
+__all__ = ["AsyncClient", "Client"]

@@ -1,92 +1,221 @@
-"""A minimal synchronous client: submit requests to the worker queues, read their results.
+"""The synchronous client: validate requests at the caller, queue them, read their results.
 
     client = Client("redis://127.0.0.1:6379/0", model="vela2-demo")
     rid = client.submit({"id": "r-1", "task": "choice:boolq", "text": "...", "questions": [...]})
     result = client.result(rid, timeout_s=30)          # a vela2.schemas.RowResult
+    answer = client.answer(rid, timeout_s=30)          # the product answer dict (SystemOne or row)
 
-Rows go to the model's online queue (or its backfill queue with `backfill=True`); a SystemOne
-request goes to the queue of the model it names. Reads are pipelined: `results_many` fetches any
-number of ids with one MGET per poll. No celery, no torch (the producer issue completes this:
-asyncio client, backfill, HTTP).
+A client serves one model: `model` names its queues (`vela2.<model>` online, drained first, and
+`vela2.<model>.backfill` with `backfill=True`). Every request is validated before it is queued
+(rows with `vela2.schemas.parse_row`, SystemOne requests with `vela2.systemone.parse_request`), so a
+bad request fails here with the same clear message the worker would give: InvalidRequest,
+LimitExceeded (a message over `LIMITS.max_message_bytes` included) or ModelMismatch (a SystemOne
+request naming another model). `deadline_s` sets Celery's `expires` header: after it the worker
+answers `expired` instead of scoring.
+
+Reads are pipelined: `results_many` / `answers_many` fetch any number of ids with one MGET per
+poll. `track_submitted=True` also sets a short-lived `vela2:submitted:<id>` marker in the same
+round trip as the push, so `is_submitted` tells "pending" from "unknown" (the HTTP route uses it).
+No celery, no torch.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 import redis as redis_lib
+from pydantic import BaseModel
 
-from producer.messages import Message, build_message, deadline_to_expires, parse_meta, read_answers, read_results
-from vela2.schemas import RowResult
+from producer.messages import (
+    DEFAULT_SUBMITTED_TTL_S,
+    Message,
+    build_message,
+    deadline_to_expires,
+    parse_answer,
+    parse_meta,
+    read_answers,
+    read_results,
+    submitted_key,
+    with_id,
+)
+from vela2.config import LIMITS
+from vela2.errors import LimitExceeded, ModelMismatch, Vela2Error
+from vela2.schemas import RowResult, parse_row
 from worker import keys
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_MODEL = "vela2-demo"
 _POLL_START_S = 0.005  # first poll interval of results_many; doubles up to _POLL_MAX_S
 _POLL_MAX_S = 0.2
+
+
+def _as_json(request: Any) -> Any:
+    """A pydantic request (Row, SystemOneRequest) as its JSON dict; anything else as given."""
+    if isinstance(request, BaseModel):
+        return request.model_dump(mode="json", exclude_none=True)
+    return request
+
+
+def prepare_request(request: Any, model: str, *, validate: bool = True) -> tuple[str, Any]:
+    """Validate one request for `model` at the caller -> (id it is answered under, object to send).
+
+    Raises InvalidRequest / LimitExceeded (the worker's own messages) or ModelMismatch for a
+    SystemOne request naming another model. Rows without an id get their content id.
+    `validate=False` only assigns the id.
+    """
+    obj = _as_json(request)
+    if validate:
+        # Imported on use: vela2.systemone pulls numpy (vela2.calibration), which a client that only
+        # sends rows does not need.
+        from vela2 import systemone
+
+        if systemone.is_system_one(obj):
+            parsed = systemone.parse_request(obj)
+            if parsed.model != model:
+                raise ModelMismatch(f"request names model {parsed.model!r}; this client submits to {model!r}")
+        else:
+            parse_row(obj)
+    return with_id(obj)
+
+
+def prepare_many(requests: Iterable[Any], model: str, *, validate: bool = True) -> list[tuple[str, Any]]:
+    """`prepare_request` over many; an error names the request's index (`requests[3]: ...`).
+    `validate=False` only assigns ids (see Client.submit)."""
+    out: list[tuple[str, Any]] = []
+    for i, r in enumerate(requests):
+        try:
+            out.append(prepare_request(r, model, validate=validate))
+        except Vela2Error as e:
+            raise type(e)(f"requests[{i}]: {e}") from None
+    return out
+
+
+def pack_messages(
+    items: list[tuple[str, Any]],
+    queue: str,
+    *,
+    chunk_size: int = 1,
+    expires: datetime | None = None,
+    max_message_bytes: int = LIMITS.max_message_bytes,
+) -> list[Message]:
+    """Messages for prepared (id, object) pairs, in order: one per request when chunk_size <= 1,
+    else chunks of up to chunk_size requests. A chunk over max_message_bytes is split in halves; a
+    single request over it raises LimitExceeded naming its id."""
+    out: list[Message] = []
+
+    def build(part: list[tuple[str, Any]]) -> None:
+        try:
+            out.append(
+                build_message(
+                    [obj for _, obj in part],
+                    queue,
+                    chunk=chunk_size > 1,
+                    expires=expires,
+                    max_message_bytes=max_message_bytes,
+                )
+            )
+        except LimitExceeded as e:
+            if len(part) == 1:
+                raise LimitExceeded(f"request {part[0][0]!r}: {e}") from None
+            half = len(part) // 2
+            build(part[:half])
+            build(part[half:])
+
+    step = max(1, chunk_size)
+    for k in range(0, len(items), step):
+        build(items[k : k + step])
+    return out
+
+
+def queue_name(model: str, *, backfill: bool = False) -> str:
+    """The queue of `model`: online, or backfill (lower priority)."""
+    return keys.backfill_queue(model) if backfill else keys.online_queue(model)
 
 
 class Client:
     """Submit requests and read results over one Redis connection pool."""
 
-    def __init__(self, redis_url: str = DEFAULT_REDIS_URL, *, model: str = "vela2-demo", redis: Any = None):
+    def __init__(
+        self,
+        redis_url: str = DEFAULT_REDIS_URL,
+        *,
+        model: str = DEFAULT_MODEL,
+        redis: Any = None,
+        track_submitted: bool = False,
+        submitted_ttl_s: int = DEFAULT_SUBMITTED_TTL_S,
+    ):
         self.redis = redis if redis is not None else redis_lib.Redis.from_url(redis_url)
         self.model = model
+        self.track_submitted = track_submitted  # also write vela2:submitted:<id> markers at submit time
+        self.submitted_ttl_s = submitted_ttl_s
 
-    def queue_for(self, request: Any, *, backfill: bool = False) -> str:
-        """The queue a request goes to: its SystemOne model's, else this client's model's."""
-        model = self.model
-        if isinstance(request, dict) and isinstance(request.get("model"), str) and "tasks" in request:
-            model = request["model"]
-        return keys.backfill_queue(model) if backfill else keys.online_queue(model)
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def queue_for(self, request: Any = None, *, backfill: bool = False) -> str:
+        """The queue this client's requests go to (online, or backfill)."""
+        return queue_name(self.model, backfill=backfill)
 
     def _push(self, messages: list[Message]) -> None:
+        """LPUSH every message (and the submitted markers) in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
         for m in messages:
+            if self.track_submitted:
+                for rid in m.request_ids:
+                    pipe.set(submitted_key(rid), m.queue, ex=self.submitted_ttl_s)
             pipe.lpush(m.queue, m.payload)
         pipe.execute()
 
-    def submit(self, request: Any, *, backfill: bool = False, deadline_s: float | None = None) -> str:
-        """Queue one request (a row or a SystemOne request); returns the id it is answered under."""
-        msg = build_message(
-            [request], self.queue_for(request, backfill=backfill), expires=deadline_to_expires(deadline_s)
-        )
+    def submit(
+        self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True
+    ) -> str:
+        """Validate and queue one request (a row or a SystemOne request); returns the id it is
+        answered under. Raises InvalidRequest / LimitExceeded / ModelMismatch before queueing.
+
+        `validate=False` sends the request as it is (only the message size is checked), so the
+        worker answers a bad one with its error result (demos and tests of that path)."""
+        item = prepare_request(request, self.model, validate=validate)
+        (msg,) = pack_messages([item], self.queue_for(backfill=backfill), expires=deadline_to_expires(deadline_s))
         self._push([msg])
-        return msg.id
+        return item[0]
 
     def submit_many(
-        self, requests: Iterable[Any], *, backfill: bool = False, chunk_size: int = 1, deadline_s: float | None = None
+        self,
+        requests: Iterable[Any],
+        *,
+        backfill: bool = False,
+        chunk_size: int = 1,
+        deadline_s: float | None = None,
+        validate: bool = True,
     ) -> list[str]:
-        """Queue many requests in one round trip; returns their ids in input order. `chunk_size` > 1
-        packs up to that many requests of one queue into each message (each still answered under
-        its own id)."""
-        expires = deadline_to_expires(deadline_s)
-        reqs = list(requests)
-        by_queue: dict[str, list[int]] = {}  # queue -> indices into reqs
-        for i, r in enumerate(reqs):
-            by_queue.setdefault(self.queue_for(r, backfill=backfill), []).append(i)
-        ids: list[str] = [""] * len(reqs)
-        messages: list[Message] = []
-        step = max(1, chunk_size)
-        for queue, idx in by_queue.items():
-            for k in range(0, len(idx), step):
-                part = idx[k : k + step]
-                msg = build_message([reqs[i] for i in part], queue, chunk=chunk_size > 1, expires=expires)
-                messages.append(msg)
-                for i, rid in zip(part, msg.request_ids, strict=True):
-                    ids[i] = rid
+        """Validate all, then queue all in one round trip (nothing is queued if one is bad); returns
+        the ids in input order. `chunk_size` > 1 packs up to that many requests into each message
+        (each still answered under its own id). `validate=False`: as in `submit`."""
+        items = prepare_many(requests, self.model, validate=validate)
+        messages = pack_messages(
+            items, self.queue_for(backfill=backfill), chunk_size=chunk_size, expires=deadline_to_expires(deadline_s)
+        )
         if messages:
             self._push(messages)
-        return ids
+        return [rid for rid, _ in items]
 
-    def result(self, request_id: str, timeout_s: float | None = None) -> RowResult:
-        """Wait for one result (pub/sub on its key, so no polling); TimeoutError after timeout_s."""
+    def is_submitted(self, request_id: str) -> bool:
+        """True while a tracked submission's marker lives (see `track_submitted`)."""
+        return bool(self.redis.exists(submitted_key(request_id)))
+
+    def _wait_one(self, request_id: str, timeout_s: float | None, parse: Any) -> Any:
+        """Wait on the result key's pub/sub channel (no polling); TimeoutError after timeout_s."""
         key = keys.result_key(request_id)
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(key)  # subscribe first, then read: a result written in between is not missed
-            found = parse_meta(self.redis.get(key))
+            found = parse(self.redis.get(key))
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while found is None:
                 left = 1.0 if deadline is None else deadline - time.monotonic()
@@ -94,12 +223,20 @@ class Client:
                     raise TimeoutError(f"no result for {request_id!r} after {timeout_s} s")
                 msg = pubsub.get_message(timeout=min(left, 1.0))
                 if msg is not None and msg.get("type") == "message":
-                    found = parse_meta(msg["data"])
+                    found = parse(msg["data"])
                 elif msg is None:
-                    found = parse_meta(self.redis.get(key))  # a reconnect may drop a publish
+                    found = parse(self.redis.get(key))  # a reconnect may drop a publish
             return found
         finally:
             pubsub.close()
+
+    def result(self, request_id: str, timeout_s: float | None = None) -> RowResult:
+        """Wait for one RowResult (pub/sub on its key, so no polling); TimeoutError after timeout_s."""
+        return self._wait_one(request_id, timeout_s, parse_meta)
+
+    def answer(self, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait for one product answer: a SystemOne request's answer, else the RowResult dict."""
+        return self._wait_one(request_id, timeout_s, parse_answer)
 
     def results_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, RowResult | None]:
         """Wait for many results, one MGET per poll over the ids still missing; ids without a result
@@ -126,6 +263,21 @@ class Client:
             pause = min(pause * 2, _POLL_MAX_S)
         return out
 
+    def ping(self) -> bool:
+        """True when Redis answers; raises redis.ConnectionError when it does not."""
+        return bool(self.redis.ping())
+
     def close(self) -> None:
         """Release the connection pool."""
         self.redis.close()
+
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_REDIS_URL",
+    "Client",
+    "pack_messages",
+    "prepare_many",
+    "prepare_request",
+    "queue_name",
+]

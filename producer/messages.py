@@ -223,6 +223,16 @@ def parse_answer(raw: bytes | str | None) -> dict[str, Any] | None:
     return meta.get("vela2_answer") or meta.get("vela2")
 
 
+SUBMITTED_PREFIX = "vela2:submitted:"  # a short-lived marker a tracking client sets at submit time
+DEFAULT_SUBMITTED_TTL_S = 86_400  # as long as a result lives (Celery's default result_expires)
+
+
+def submitted_key(request_id: str) -> str:
+    """The marker key of a submitted request (`vela2:submitted:<id>`, value: its queue), so a reader
+    can tell "submitted, not answered yet" from "never seen"."""
+    return SUBMITTED_PREFIX + request_id
+
+
 def _mget(redis: Any, ids: list[str]) -> list[Any]:
     return redis.mget([result_key(rid) for rid in ids]) if ids else []
 

@@ -95,6 +95,16 @@ def cmd_parity(args: argparse.Namespace) -> int:
     return parity_command(args.checkpoint, args.rows, json_path=args.json, redis_url=args.redis, device=args.device)
 
 
+def _delegate(module: str, argv: list[str]) -> int:
+    """Producer commands parse their own options (`vela2 backfill --help`): the CLI stays thin."""
+    import importlib
+
+    return int(importlib.import_module(module).main(argv) or 0)
+
+
+DELEGATED = {"backfill": "producer.backfill", "http": "producer.http"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vela2", description="Vela 2 streaming scorer")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -149,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_parity)
 
+    # Listed for --help only: main() hands these to their own parsers (see DELEGATED).
+    sub.add_parser("backfill", help="bulk submit IN.jsonl -> OUT.jsonl: windowed, resumable "
+                                    "(see `vela2 backfill --help`)")
+    sub.add_parser("http", help="the HTTP route for SystemOne requests (see `vela2 http --help`)")
+
     s = sub.add_parser("demo", help="the main job: embedded Redis, a worker, sample requests, answers")
     s.add_argument("--checkpoint", help="demo checkpoint to use (default: written to a temporary folder)")
     s.set_defaults(func=cmd_demo)
@@ -156,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        return _delegate(DELEGATED[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -15,6 +15,7 @@ import pytest
 
 from producer.client import Client
 from producer.messages import decode_body
+from vela2.errors import ModelMismatch
 from vela2.schemas import RowResult, Status, content_id
 from worker.results import ResultStore, row_meta
 
@@ -54,12 +55,16 @@ def _ok(rid: str) -> dict:
 def test_submit_routes_rows_backfill_and_system_one_requests(client, redis):
     assert client.submit({**ROW, "id": "r-1"}) == "r-1"
     assert client.submit({**ROW, "id": "r-2"}, backfill=True) == "r-2"
-    s1 = {"model": "other-model", "input": "hi", "tasks": [{"name": "t", "kind": "set", "options": ["a"]}]}
+    s1 = {"model": "vela2-demo", "input": "hi", "tasks": [{"name": "t", "kind": "set", "options": ["a"]}]}
     s1_id = client.submit(s1)
     assert s1_id == content_id(s1)
-    assert [m["headers"]["id"] for m in _queued(redis, "vela2.vela2-demo")] == ["r-1"]
+    other = dict(s1, model="other-model")
+    with pytest.raises(ModelMismatch, match="other-model"):  # refused at the caller, never enqueued
+        client.submit(other)
+    assert [m["headers"]["id"] for m in _queued(redis, "vela2.vela2-demo")] == ["r-1", s1_id]
     assert [m["headers"]["id"] for m in _queued(redis, "vela2.vela2-demo.backfill")] == ["r-2"]
-    (msg,) = _queued(redis, "vela2.other-model")
+    assert _queued(redis, "vela2.other-model") == []
+    msg = _queued(redis, "vela2.vela2-demo")[1]
     body = decode_body(base64.b64decode(msg["body"]))
     assert body.requests[0]["id"] == s1_id  # the id travels explicitly
 

@@ -1,0 +1,228 @@
+"""The asyncio client: the same API as producer.Client, every call a coroutine, no blocking wait.
+
+    async with AsyncClient("redis://127.0.0.1:6379/0", model="vela2-demo") as client:
+        rid = await client.submit(request)
+        answer = await client.answer(rid, timeout_s=10)
+
+Waiting never blocks the event loop: one background task per client (the poller) reads the
+result keys of every id any coroutine waits on with ONE MGET per poll (redis.asyncio), resolves
+their futures, and sleeps with asyncio in between. The pause starts at `poll_min_s`, doubles up to
+`poll_max_s` while nothing arrives, and drops back when a result arrives or a new waiter joins, so a
+thousand concurrent `answer()` calls cost one MGET per pause, not a thousand GETs. Validation and
+message building are producer.client's (`prepare_request`, `pack_messages`). Use one client per
+event loop (redis.asyncio connections belong to the loop that opened them). No celery, no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, pack_messages, prepare_many, prepare_request, queue_name
+from producer.messages import (
+    DEFAULT_SUBMITTED_TTL_S,
+    Message,
+    deadline_to_expires,
+    parse_answer,
+    parse_meta,
+    submitted_key,
+)
+from vela2.schemas import RowResult
+from worker.keys import result_key
+
+POLL_MIN_S = 0.005  # first pause after a poll that found nothing
+POLL_MAX_S = 0.1  # longest pause while waiting (the latency added to a late result)
+
+
+class _Poller:
+    """Resolves futures of waited-on ids with one MGET per poll, from one background task."""
+
+    def __init__(self, redis: Any, min_s: float, max_s: float):
+        self.redis = redis
+        self.min_s = min_s
+        self.max_s = max_s
+        self.polls = 0  # MGET round trips so far (tests read it)
+        self._waiting: dict[str, list[asyncio.Future]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def wait(self, ids: Iterable[str], timeout_s: float | None) -> dict[str, Any]:
+        """id -> raw stored meta, or None for ids with no result when timeout_s runs out. Raises
+        what Redis raised if the poll fails (e.g. redis.ConnectionError)."""
+        loop = asyncio.get_running_loop()
+        futures = {rid: loop.create_future() for rid in dict.fromkeys(ids)}
+        for rid, fut in futures.items():
+            self._waiting.setdefault(rid, []).append(fut)
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="vela2-result-poller")
+        try:
+            if futures:
+                await asyncio.wait(list(futures.values()), timeout=timeout_s)
+        finally:
+            for rid, fut in futures.items():
+                waiters = self._waiting.get(rid)
+                if waiters is not None and fut in waiters:
+                    waiters.remove(fut)
+                    if not waiters:
+                        del self._waiting[rid]
+                if not fut.done():
+                    fut.cancel()
+        errors = [e for fut in futures.values() if not fut.cancelled() and (e := fut.exception()) is not None]
+        if errors:
+            raise errors[0]
+        return {rid: None if fut.cancelled() else fut.result() for rid, fut in futures.items()}
+
+    async def _run(self) -> None:
+        pause = self.min_s
+        while self._waiting:
+            self._wake.clear()
+            ids = list(self._waiting)
+            try:
+                raws = await self.redis.mget([result_key(rid) for rid in ids])
+                self.polls += 1
+            except Exception as e:  # Redis away: every current waiter gets the error, none hangs
+                for rid in ids:
+                    for fut in self._waiting.pop(rid, []):
+                        if not fut.done():
+                            fut.set_exception(e)
+                await asyncio.sleep(pause)
+                continue
+            found = False
+            for rid, raw in zip(ids, raws, strict=True):
+                if raw is not None:
+                    found = True
+                    for fut in self._waiting.pop(rid, []):
+                        if not fut.done():
+                            fut.set_result(raw)
+            pause = self.min_s if found else min(pause * 2, self.max_s)
+            if self._waiting:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), pause)
+                if self._wake.is_set():
+                    pause = self.min_s  # a new waiter: poll for it now
+
+    async def aclose(self) -> None:
+        """Stop polling; coroutines still waiting get None (as after a timeout)."""
+        for waiters in self._waiting.values():
+            for fut in waiters:
+                fut.cancel()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+class AsyncClient:
+    """Submit requests and await results over one redis.asyncio connection pool."""
+
+    def __init__(
+        self,
+        redis_url: str = DEFAULT_REDIS_URL,
+        *,
+        model: str = DEFAULT_MODEL,
+        redis: Any = None,
+        track_submitted: bool = False,
+        submitted_ttl_s: int = DEFAULT_SUBMITTED_TTL_S,
+        poll_min_s: float = POLL_MIN_S,
+        poll_max_s: float = POLL_MAX_S,
+    ):
+        self.redis = redis if redis is not None else aioredis.Redis.from_url(redis_url)
+        self.model = model
+        self.track_submitted = track_submitted
+        self.submitted_ttl_s = submitted_ttl_s
+        self.poller = _Poller(self.redis, poll_min_s, poll_max_s)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def queue_for(self, request: Any = None, *, backfill: bool = False) -> str:
+        """The queue this client's requests go to (online, or backfill)."""
+        return queue_name(self.model, backfill=backfill)
+
+    async def _push(self, messages: list[Message]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for m in messages:
+            if self.track_submitted:
+                for rid in m.request_ids:
+                    pipe.set(submitted_key(rid), m.queue, ex=self.submitted_ttl_s)
+            pipe.lpush(m.queue, m.payload)
+        await pipe.execute()
+
+    async def submit(
+        self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True
+    ) -> str:
+        """Validate and queue one request; returns its id (see producer.Client.submit)."""
+        item = prepare_request(request, self.model, validate=validate)
+        (msg,) = pack_messages([item], self.queue_for(backfill=backfill), expires=deadline_to_expires(deadline_s))
+        await self._push([msg])
+        return item[0]
+
+    async def submit_many(
+        self,
+        requests: Iterable[Any],
+        *,
+        backfill: bool = False,
+        chunk_size: int = 1,
+        deadline_s: float | None = None,
+        validate: bool = True,
+    ) -> list[str]:
+        """Validate all, queue all in one round trip; ids in input order (see Client.submit_many)."""
+        items = prepare_many(requests, self.model, validate=validate)
+        messages = pack_messages(
+            items, self.queue_for(backfill=backfill), chunk_size=chunk_size, expires=deadline_to_expires(deadline_s)
+        )
+        if messages:
+            await self._push(messages)
+        return [rid for rid, _ in items]
+
+    async def is_submitted(self, request_id: str) -> bool:
+        """True while a tracked submission's marker lives (see `track_submitted`)."""
+        return bool(await self.redis.exists(submitted_key(request_id)))
+
+    async def _one(self, request_id: str, timeout_s: float | None, parse: Any) -> Any:
+        raw = (await self.poller.wait([request_id], timeout_s))[request_id]
+        value = parse(raw)
+        if value is None:
+            raise TimeoutError(f"no result for {request_id!r} after {timeout_s} s")
+        return value
+
+    async def result(self, request_id: str, timeout_s: float | None = None) -> RowResult:
+        """Await one RowResult; TimeoutError after timeout_s."""
+        return await self._one(request_id, timeout_s, parse_meta)
+
+    async def answer(self, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:
+        """Await one product answer (a SystemOne answer, else the RowResult dict); TimeoutError."""
+        return await self._one(request_id, timeout_s, parse_answer)
+
+    async def results_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, RowResult | None]:
+        """Await many RowResults (shared MGET polls); ids without one after timeout_s map to None."""
+        raws = await self.poller.wait(list(ids), timeout_s)
+        return {rid: parse_meta(raw) for rid, raw in raws.items()}
+
+    async def answers_many(
+        self, ids: Iterable[str], timeout_s: float | None = None
+    ) -> dict[str, dict[str, Any] | None]:
+        """As results_many, but the product answers."""
+        raws = await self.poller.wait(list(ids), timeout_s)
+        return {rid: parse_answer(raw) for rid, raw in raws.items()}
+
+    async def peek_answer(self, request_id: str) -> dict[str, Any] | None:
+        """The stored answer of an id now, or None (one GET, no waiting)."""
+        return parse_answer(await self.redis.get(result_key(request_id)))
+
+    async def ping(self) -> bool:
+        """True when Redis answers; raises redis.ConnectionError when it does not."""
+        return bool(await self.redis.ping())
+
+    async def aclose(self) -> None:
+        """Stop the poller and release the connection pool."""
+        await self.poller.aclose()
+        await self.redis.aclose()

@@ -1,0 +1,479 @@
+"""`vela2 backfill IN.jsonl OUT.jsonl`: bulk scoring through the queue, bounded and resumable.
+
+    run_backfill("in.jsonl", "out.jsonl", redis_url="redis://127.0.0.1:6379/0", model="vela2-demo",
+                 window=1024, chunk_size=16)
+
+- Streams IN line by line: each line a row or a SystemOne request (told apart by their keys).
+- Deterministic ids: the request's own "id", else its content hash (`producer.messages.request_id`);
+  a line that is not a JSON object is `line-<N>` (1-based).
+- Resumable: OUT is read first and every id in it is skipped; a torn last line (no newline: the
+  previous run was killed while writing it) is truncated before appending. Each result is
+  appended as one whole line by one unbuffered write (fsync at exit), so killing the job at any
+  moment and rerunning it ends with every id in OUT exactly once. Requests that were in flight when
+  the job died are not lost: their results are read back from Redis (or they are queued again;
+  the worker's write-once store answers a duplicate id once).
+- Backpressure: at most `window` rows are in flight (queued, being scored, or answered but not yet
+  written); a chunk is queued only when it fits. `BackfillSummary.max_in_flight` records the peak.
+- Bulk mode: rows travel `chunk_size` to a message on the model's backfill queue (lower priority
+  than the online queue); results are polled with one pipelined MGET over the ids in flight every
+  `poll_s` seconds.
+- Nothing is silently missing: a bad line gets an error line at once (never queued); a row with
+  no result after `timeout_s` gets an error line of type "timeout"; a later duplicate of an id
+  within IN is not scored again (the first occurrence wins) and is counted in the summary.
+- A progress bar (tqdm on stderr: rows/s, ETA over the line count of IN) when stderr is a
+  terminal or `progress=True`; one summary line at the end.
+
+Memory: the input is streamed and at most `window` requests are held; the sets of ids already in
+OUT and already seen in IN (resume, duplicates) grow with the number of distinct ids (a few tens
+of bytes each), never with the size of the rows. No torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, pack_messages, prepare_request, queue_name
+from producer.messages import build_message, deadline_to_expires, read_answers, request_id
+from vela2.config import LIMITS
+from vela2.errors import InvalidRequest, Vela2Error
+from vela2.schemas import Status, error_result
+from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WINDOW = 1024  # rows in flight
+DEFAULT_CHUNK_SIZE = 16  # rows per queue message
+DEFAULT_TIMEOUT_S = 3600.0  # per row, from its submission; then an error line of type "timeout"
+DEFAULT_POLL_S = 0.05  # pause between result polls while waiting
+_SIZE_CHECK_SLACK = 1024  # lines longer than max_message_bytes minus this get an exact size check
+ENV_REDIS_URL = "VELA2_REDIS_URL"  # same variables as the worker's (worker.app.ENV)
+ENV_MODEL = "VELA2_MODEL"
+
+
+@dataclass
+class BackfillSummary:
+    """What one run did. `error` includes `invalid` (bad lines) and `timeout` rows."""
+
+    rows: int = 0  # non-blank input lines read
+    submitted: int = 0  # rows queued by this run
+    written: int = 0  # lines appended to OUT by this run
+    ok: int = 0
+    error: int = 0
+    expired: int = 0
+    invalid: int = 0  # lines answered at once with an error (bad JSON, invalid request)
+    timeout: int = 0  # rows without a result after timeout_s (written as error type "timeout")
+    skipped: int = 0  # ids already in OUT (earlier runs)
+    duplicates: int = 0  # later lines repeating an id seen earlier in IN (the first wins)
+    blank: int = 0  # empty lines, ignored
+    recovered: int = 0  # results already in Redis when this run reached the row (not queued again)
+    torn_bytes: int = 0  # bytes of a torn last line truncated from OUT before appending
+    max_in_flight: int = 0  # peak rows in flight; never above `window`
+    window: int = 0
+    elapsed_s: float = 0.0
+    duplicate_ids: list[str] = field(default_factory=list)  # the first few, for the report
+
+    @property
+    def rows_per_s(self) -> float:
+        """Lines written per second of this run."""
+        return self.written / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def line(self) -> str:
+        """The one summary line printed at the end."""
+        dups = f" {self.duplicate_ids[:5]}" if self.duplicate_ids else ""
+        return (
+            f"backfill: {self.rows:,} rows: ok {self.ok:,}, error {self.error:,} (invalid {self.invalid:,}, "
+            f"timeout {self.timeout:,}), expired {self.expired:,}, skipped {self.skipped:,} (already in OUT), "
+            f"duplicates {self.duplicates:,}{dups}; wrote {self.written:,} lines in {self.elapsed_s:.1f} s "
+            f"({self.rows_per_s:,.1f} rows/s); max in flight {self.max_in_flight:,} (window {self.window:,})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields plus rows_per_s."""
+        return {**asdict(self), "rows_per_s": self.rows_per_s}
+
+
+@dataclass
+class _Pending:
+    """A row in flight: what its timeout line needs, and when it was queued."""
+
+    task: str | None
+    system_one: bool
+    submitted_at: float
+
+
+def scan_out(path: str | Path) -> tuple[set[str], int]:
+    """Ids already answered in OUT, and the byte count of a torn last line (truncated here).
+
+    A line without its newline can only be the tail of a write cut short by a kill, so it is cut
+    off and its id is done again. A complete line that is not JSON (edited by hand) is kept and
+    logged; its id, if any, is done again.
+    """
+    done: set[str] = set()
+    p = Path(path)
+    if not p.exists():
+        return done, 0
+    torn = 0
+    with open(p, "rb+") as f:
+        good_end = 0
+        for n, line in enumerate(f, 1):
+            if not line.endswith(b"\n"):
+                torn = len(line)
+                break
+            good_end += len(line)
+            try:
+                obj = json.loads(line)
+                rid = obj["id"]
+            except (ValueError, KeyError, TypeError):
+                if line.strip():
+                    log.warning("%s line %d is not a result line; its request will be answered again", p, n)
+                continue
+            if isinstance(rid, str):
+                done.add(rid)
+        if torn:
+            log.warning("%s: truncating a torn last line (%d bytes, from an interrupted run)", p, torn)
+            f.truncate(good_end)
+    return done, torn
+
+
+def count_lines(path: str | Path, block: int = 1 << 20) -> int:
+    """Lines of a file (a last line without newline counts), read in blocks: constant memory."""
+    n = 0
+    last = b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+class LineWriter:
+    """Appends JSON lines to OUT: each line is one unbuffered write of the whole line (so a kill
+    leaves at most a torn last line, which `scan_out` truncates); fsync when closed."""
+
+    def __init__(self, path: str | Path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, obj: dict[str, Any]) -> None:
+        """Append one JSON object as one line."""
+        data = memoryview((json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
+        while data:
+            data = data[os.write(self.fd, data) :]
+
+    def close(self) -> None:
+        """fsync and close."""
+        try:
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+
+
+def _error_line(obj: Any, rid: str, exc: BaseException) -> dict[str, Any]:
+    """The error line of a request: a SystemOne error answer, else an error RowResult."""
+    if is_system_one(obj):
+        return {**error_answer(obj, exc), "id": rid}
+    task = obj.get("task") if isinstance(obj, dict) and isinstance(obj.get("task"), str) else None
+    return error_result(rid, task, exc).to_json_dict()
+
+
+def _timeout_line(rid: str, pending: _Pending, model: str, timeout_s: float) -> dict[str, Any]:
+    err = {"type": "timeout", "message": f"no result within timeout_s={timeout_s:g} s of submission"}
+    if pending.system_one:
+        return {"version": SYSTEM_ONE_VERSION, "model": model, "id": rid, "status": Status.error.value, "error": err}
+    out: dict[str, Any] = {"id": rid, "task": pending.task, "status": Status.error.value, "error": err}
+    return out if pending.task is not None else {k: v for k, v in out.items() if k != "task"}
+
+
+class _Backfill:
+    """One run's state: the in-flight table, the writer, the counters."""
+
+    def __init__(
+        self,
+        client: Client,
+        writer: LineWriter,
+        *,
+        window: int,
+        chunk_size: int,
+        timeout_s: float,
+        deadline_s: float | None,
+        poll_s: float,
+        bar: Any,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.client = client
+        self.writer = writer
+        self.window = window
+        self.chunk_size = max(1, min(chunk_size, window))
+        self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
+        self.poll_s = poll_s
+        self.bar = bar
+        self.clock = clock
+        self.queue = queue_name(client.model, backfill=True)
+        self.pending: dict[str, _Pending] = {}  # insertion order = submission order
+        self.buffer: list[tuple[str, Any, _Pending]] = []
+        self.summary = BackfillSummary(window=window)
+        self._last_poll = 0.0
+
+    # --- output -------------------------------------------------------------------------------
+
+    def _write(self, answer: dict[str, Any]) -> None:
+        self.writer.write(answer)
+        s = self.summary
+        s.written += 1
+        status = answer.get("status")
+        if status == Status.ok:
+            s.ok += 1
+        elif status == Status.expired:
+            s.expired += 1
+        else:
+            s.error += 1
+        self.bar.update(1)
+
+    def _refuse(self, obj: Any, rid: str, exc: BaseException) -> None:
+        self.summary.invalid += 1
+        self._write(_error_line(obj, rid, exc))
+
+    # --- input --------------------------------------------------------------------------------
+
+    def feed(self, lineno: int, raw: bytes, seen: set[str], done: set[str]) -> None:
+        """Handle one input line: answer it at once, skip it, or buffer it for the queue."""
+        s = self.summary
+        if not raw.strip():
+            s.blank += 1
+            self.bar.update(1)
+            return
+        s.rows += 1
+        try:
+            obj: Any = json.loads(raw)
+            parse_error: BaseException | None = None
+        except (ValueError, UnicodeDecodeError) as e:
+            obj, parse_error = None, InvalidRequest(f"line {lineno}: not valid JSON: {e}")
+        rid = request_id(obj) if isinstance(obj, dict) else f"line-{lineno}"
+        if rid in seen:
+            s.duplicates += 1
+            if len(s.duplicate_ids) < 20:
+                s.duplicate_ids.append(rid)
+            self.bar.update(1)
+            return
+        seen.add(rid)
+        if rid in done:
+            s.skipped += 1
+            self.bar.update(1)
+            return
+        if parse_error is not None or not isinstance(obj, dict):
+            exc = parse_error or InvalidRequest(
+                f"line {lineno}: a request must be a JSON object; got {type(obj).__name__}"
+            )
+            self._refuse(obj, rid, exc)
+            return
+        try:
+            _, obj = prepare_request(obj, self.client.model)
+            if len(raw) > LIMITS.max_message_bytes - _SIZE_CHECK_SLACK:
+                build_message([obj], self.queue, chunk=True)  # exact check, only for huge lines
+        except Vela2Error as e:
+            self._refuse(obj, rid, type(e)(f"line {lineno}: {e}"))
+            return
+        task = obj.get("task") if isinstance(obj.get("task"), str) else None
+        self.buffer.append((rid, obj, _Pending(task, is_system_one(obj), 0.0)))
+        if len(self.buffer) >= self.chunk_size:
+            self.send()
+        elif self.pending and self.clock() - self._last_poll >= self.poll_s:
+            self.poll()
+
+    def send(self) -> None:
+        """Queue the buffered rows as one chunk once they fit in the window."""
+        if not self.buffer:
+            return
+        batch, self.buffer = self.buffer, []
+        # Results already in Redis (rows in flight when an earlier run was killed) are written now.
+        stored = read_answers(self.client.redis, [rid for rid, _, _ in batch])
+        todo = []
+        for rid, obj, pend in batch:
+            answer = stored[rid]
+            if answer is not None:
+                self.summary.recovered += 1
+                self._write({**answer, "id": rid})
+            else:
+                todo.append((rid, obj, pend))
+        if not todo:
+            return
+        while len(self.pending) + len(todo) > self.window:
+            if not self.poll():
+                time.sleep(self.poll_s)
+        messages = pack_messages(
+            [(rid, obj) for rid, obj, _ in todo],
+            self.queue,
+            chunk_size=self.chunk_size,
+            expires=deadline_to_expires(self.deadline_s),
+        )
+        self.client._push(messages)
+        now = self.clock()
+        for rid, _, pend in todo:
+            pend.submitted_at = now
+            self.pending[rid] = pend
+        self.summary.submitted += len(todo)
+        self.summary.max_in_flight = max(self.summary.max_in_flight, len(self.pending))
+        self.bar.set_postfix(in_flight=len(self.pending), refresh=False)
+
+    # --- results ------------------------------------------------------------------------------
+
+    def poll(self) -> int:
+        """One MGET over the ids in flight: write what arrived, time out the overdue; returns the
+        number of rows that left the window."""
+        self._last_poll = self.clock()
+        if not self.pending:
+            return 0
+        ids = list(self.pending)
+        got = read_answers(self.client.redis, ids)
+        freed = 0
+        now = self.clock()
+        for rid in ids:
+            answer = got[rid]
+            if answer is not None:
+                self._write({**answer, "id": rid})
+            elif now - self.pending[rid].submitted_at > self.timeout_s:
+                self.summary.timeout += 1
+                self._write(_timeout_line(rid, self.pending[rid], self.client.model, self.timeout_s))
+            else:
+                continue
+            del self.pending[rid]
+            freed += 1
+        return freed
+
+    def drain(self) -> None:
+        """Queue what is buffered and wait for every row in flight."""
+        self.send()
+        while self.pending:
+            if not self.poll():
+                time.sleep(self.poll_s)
+
+
+def _progress_bar(enabled: bool, total: int | None) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        unit="row",
+        file=sys.stderr,
+        disable=not enabled,
+        dynamic_ncols=True,
+        smoothing=0.1,
+        desc="backfill",
+    )
+
+
+def run_backfill(
+    in_path: str | Path,
+    out_path: str | Path,
+    *,
+    redis_url: str = DEFAULT_REDIS_URL,
+    model: str = DEFAULT_MODEL,
+    window: int = DEFAULT_WINDOW,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    deadline_s: float | None = None,
+    progress: bool | None = None,
+    poll_s: float = DEFAULT_POLL_S,
+    redis: Any = None,
+) -> BackfillSummary:
+    """Score every request of IN through the queue into OUT (see the module docstring).
+
+    `window`: most rows in flight; `chunk_size`: rows per message; `timeout_s`: per row, then an
+    error line of type "timeout"; `deadline_s`: Celery `expires` per message (the worker answers
+    `expired` after it); `progress`: None = a bar when stderr is a terminal. `redis` replaces the
+    connection made from `redis_url` (tests). Returns the summary (also logged).
+    """
+    if window < 1:
+        raise InvalidRequest(f"window must be at least 1; got {window}")
+    if chunk_size < 1:
+        raise InvalidRequest(f"chunk_size must be at least 1; got {chunk_size}")
+    t0 = time.monotonic()
+    done, torn = scan_out(out_path)
+    enabled = sys.stderr.isatty() if progress is None else progress
+    bar = _progress_bar(enabled, count_lines(in_path) if enabled else None)
+    client = Client(redis_url, model=model, redis=redis)
+    writer = LineWriter(out_path)
+    job = _Backfill(
+        client, writer, window=window, chunk_size=chunk_size, timeout_s=timeout_s, deadline_s=deadline_s,
+        poll_s=poll_s, bar=bar,
+    )  # fmt: skip
+    job.summary.torn_bytes = torn
+    seen: set[str] = set()
+    try:
+        with open(in_path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                job.feed(lineno, raw, seen, done)
+        job.drain()
+    finally:
+        writer.close()
+        bar.close()
+        if redis is None:
+            client.close()
+        job.summary.elapsed_s = time.monotonic() - t0
+    log.info("%s", job.summary.line())
+    return job.summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `vela2 backfill` arguments (shared with the CLI)."""
+    ap = argparse.ArgumentParser(prog="vela2 backfill", description=__doc__.splitlines()[0])
+    ap.add_argument("input", metavar="IN.jsonl", help="one row or SystemOne request per line")
+    ap.add_argument("output", metavar="OUT.jsonl", help="results, one line per input id (appended; resumable)")
+    ap.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL), help="Redis URL")
+    ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="model name (its queues)")
+    ap.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="most rows in flight (backpressure)")
+    ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="rows per queue message")
+    ap.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per row; then an error line")
+    ap.add_argument("--deadline-s", type=float, default=None, help="the worker answers 'expired' after this")
+    ap.add_argument("--poll-s", type=float, default=DEFAULT_POLL_S, help="pause between result polls")
+    bar = ap.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the bar")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show the bar")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON instead of a line")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`vela2 backfill IN.jsonl OUT.jsonl [--redis URL] [--window N] ...`; prints the summary line.
+
+    Exit code 0 when every input id has its line in OUT (error lines included), 2 for bad
+    arguments, 130 when interrupted (rerun to resume)."""
+    args = build_parser().parse_args(argv)
+    if not Path(args.input).is_file():
+        print(f"vela2 backfill: {args.input}: no such file", file=sys.stderr)
+        return 2
+    try:
+        summary = run_backfill(
+            args.input,
+            args.output,
+            redis_url=args.redis,
+            model=args.model,
+            window=args.window,
+            chunk_size=args.chunk_size,
+            timeout_s=args.timeout_s,
+            deadline_s=args.deadline_s,
+            progress=args.progress,
+            poll_s=args.poll_s,
+        )
+    except InvalidRequest as e:
+        print(f"vela2 backfill: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vela2 backfill: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    print(json.dumps(summary.to_dict()) if args.json else summary.line(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    sys.exit(main())

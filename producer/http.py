@@ -1,0 +1,344 @@
+"""`vela2 http`: the HTTP route for SystemOne requests (an ASGI app; FastAPI, served by uvicorn).
+
+    app = create_app("redis://127.0.0.1:6379/0", model="vela2-demo")    # any ASGI server
+    serve("redis://127.0.0.1:6379/0", host="127.0.0.1", port=8000)      # uvicorn
+
+Routes (OpenAPI at /openapi.json, docs at /docs):
+
+- ``POST /v1/system_one?wait_s=&deadline_s=``: a SystemOne request (JSON body). It is validated
+  here, queued on the model's online queue, and awaited up to ``wait_s`` (default the app's
+  ``timeout_s``, at most ``max_wait_s``; 0 = do not wait). The request id is an idempotency key: an
+  id that already has an answer gets it back without being queued again.
+- ``GET /v1/results/{id}``: the stored answer; 202 while a request submitted here is pending;
+  404 when the id is unknown (never submitted through this route, or its result expired). A
+  submission is recorded by a ``vela2:submitted:<id>`` marker living as long as a result does.
+- ``GET /healthz``: 200 with the queue depths when Redis answers, else 503.
+
+Status codes (the body is always JSON; for a SystemOne request the answer, or an error answer
+``{"version", "model", "id", "status": "error", "error": {"type", "message"}}``):
+
+====  ==========================================================================================
+200   answered (``status: ok``)
+202   not answered within ``wait_s``: ``{"id", "status": "pending", "result_url"}`` (+ Location)
+400   body is not JSON (``invalid_request``), or the request names another model
+      (``model_mismatch``: this route serves one model, named at start)
+404   GET of an unknown id
+413   body over ``LIMITS.max_message_bytes`` (``limit_exceeded``)
+422   invalid request (``invalid_request`` / ``limit_exceeded``, with the field, limit and value),
+      refused here or by the worker; bad query parameters
+500   the worker failed on it (e.g. ``model_error``): the error answer
+503   Redis unreachable
+504   ``status: expired``: its ``deadline_s`` passed before a worker scored it
+====  ==========================================================================================
+
+No torch: a web backend runs this with the base install plus the ``producer`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import redis.exceptions
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from producer.aio import AsyncClient
+from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, queue_name
+from vela2 import __version__
+from vela2.config import LIMITS
+from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, Vela2Error
+from vela2.schemas import ErrorInfo, Status
+from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, SystemOneRequest, error_answer, parse_request
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 10.0  # how long POST waits for the answer by default
+DEFAULT_MAX_WAIT_S = 60.0  # the largest wait_s a caller may ask for
+DEFAULT_PORT = 8000
+ENV_REDIS_URL = "VELA2_REDIS_URL"  # same variables as the worker's (worker.app.ENV)
+ENV_MODEL = "VELA2_MODEL"
+REQUEST_ERROR_TYPES = {InvalidRequest.code, LimitExceeded.code}  # the caller's fault -> 422
+
+
+class Pending(BaseModel):
+    """A request queued but not answered yet: poll `result_url`."""
+
+    id: str
+    status: Literal["pending"] = "pending"
+    result_url: str
+
+
+class ErrorAnswer(BaseModel):
+    """A refused request (the SystemOne error answer; id / model null when the body had none)."""
+
+    version: Literal["1"] = SYSTEM_ONE_VERSION
+    model: str | None = None
+    id: str | None = None
+    status: Literal["error"] = "error"
+    error: ErrorInfo
+
+
+class Health(BaseModel):
+    """Liveness of the route and its Redis."""
+
+    status: Literal["ok", "unavailable"]
+    model: str
+    redis: str  # "ok", or the connection error
+    queue_depth: dict[str, int] | None = None  # online / backfill messages waiting
+
+
+class NotFound(BaseModel):
+    detail: str
+
+
+def status_code(answer: dict[str, Any]) -> int:
+    """The HTTP status of a stored answer (see the module docstring's table)."""
+    status = answer.get("status")
+    if status == Status.ok:
+        return 200
+    if status == Status.expired:
+        return 504
+    code = (answer.get("error") or {}).get("type")
+    if code == ModelMismatch.code:
+        return 400
+    return 422 if code in REQUEST_ERROR_TYPES else 500
+
+
+def _error(http_status: int, exc: BaseException, obj: Any = None) -> JSONResponse:
+    body = (
+        error_answer(obj, exc)
+        if isinstance(obj, dict)
+        else ErrorAnswer(
+            error=ErrorInfo(type=exc.code if isinstance(exc, Vela2Error) else "invalid_request", message=str(exc))
+        ).model_dump(mode="json")
+    )
+    return JSONResponse(body, status_code=http_status)
+
+
+def _unavailable(exc: BaseException) -> JSONResponse:
+    info = ErrorInfo(type="unavailable", message=f"redis is unreachable: {exc}")
+    return JSONResponse(ErrorAnswer(error=info).model_dump(mode="json"), status_code=503)
+
+
+_ANSWER_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": SystemOneAnswer, "description": "answered"},
+    400: {"model": ErrorAnswer, "description": "body is not JSON, or the request names another model"},
+    413: {"model": ErrorAnswer, "description": "body over the message size limit"},
+    422: {"model": ErrorAnswer, "description": "invalid request (the message names the field, limit and value)"},
+    500: {"model": SystemOneAnswer, "description": "the worker failed on this request"},
+    503: {"model": ErrorAnswer, "description": "redis is unreachable"},
+    504: {"model": SystemOneAnswer, "description": "expired: the deadline passed before it was scored"},
+}
+
+
+def create_app(
+    redis_url: str = DEFAULT_REDIS_URL,
+    model: str = DEFAULT_MODEL,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_wait_s: float = DEFAULT_MAX_WAIT_S,
+) -> FastAPI:
+    """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring)."""
+    state: dict[str, AsyncClient] = {}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Created inside the server's event loop: redis.asyncio connections belong to one loop.
+        state["client"] = AsyncClient(redis_url, model=model, track_submitted=True)
+        try:
+            yield
+        finally:
+            await state.pop("client").aclose()
+
+    app = FastAPI(
+        title="Vela 2 SystemOne",
+        version=__version__,
+        description=f"SystemOne requests for model `{model}`, answered by the Vela 2 workers through Redis.",
+        lifespan=lifespan,
+    )
+
+    def client() -> AsyncClient:
+        return state["client"]
+
+    def pending(request: Request, rid: str) -> JSONResponse:
+        url = str(request.url_for("get_result", request_id=rid))
+        return JSONResponse(
+            Pending(id=rid, result_url=url).model_dump(mode="json"), status_code=202, headers={"Location": url}
+        )
+
+    @app.exception_handler(redis.exceptions.RedisError)
+    async def _redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONResponse:
+        log.warning("redis error: %s", exc)
+        return _unavailable(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_params(_: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        return _error(422, InvalidRequest(f"{where}: {err.get('msg')}; got {err.get('input')!r}"))
+
+    @app.post(
+        "/v1/system_one",
+        summary="Score a SystemOne request",
+        responses={**_ANSWER_RESPONSES, 202: {"model": Pending, "description": "queued; not answered in wait_s"}},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SystemOneRequest"}}},
+            }
+        },
+    )
+    async def post_system_one(
+        request: Request,
+        wait_s: float | None = Query(
+            None, ge=0, le=max_wait_s, description=f"seconds to wait for the answer (default {timeout_s:g})"
+        ),
+        deadline_s: float | None = Query(
+            None, gt=0, description="after this many seconds unscored, the worker answers expired (504)"
+        ),
+    ) -> JSONResponse:
+        body = await request.body()
+        if len(body) > LIMITS.max_message_bytes:
+            return _error(
+                413, LimitExceeded(f"request body has {len(body):,} bytes; limit {LIMITS.max_message_bytes:,}")
+            )
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            return _error(400, InvalidRequest(f"request body is not valid JSON: {e}"))
+        try:
+            parsed = parse_request(obj)
+            if parsed.model != model:
+                raise ModelMismatch(f"request names model {parsed.model!r}; this route serves {model!r}")
+        except ModelMismatch as e:
+            return _error(400, e, obj)
+        except Vela2Error as e:
+            return _error(422, e, obj)
+        rid = parsed.id or ""
+        answer = await client().peek_answer(rid)
+        if answer is None:
+            try:
+                await client().submit(obj, deadline_s=deadline_s)
+            except Vela2Error as e:  # over the message size once wrapped
+                return _error(422, e, obj)
+            wait = timeout_s if wait_s is None else wait_s
+            try:
+                answer = await client().answer(rid, timeout_s=wait)
+            except TimeoutError:
+                return pending(request, rid)
+        return JSONResponse(answer, status_code=status_code(answer))
+
+    @app.get(
+        "/v1/results/{request_id}",
+        name="get_result",
+        summary="The answer of a submitted request",
+        responses={
+            **{k: v for k, v in _ANSWER_RESPONSES.items() if k not in (400, 413)},
+            202: {"model": Pending, "description": "submitted here, not answered yet"},
+            404: {"model": NotFound, "description": "unknown id (never submitted here, or its result expired)"},
+        },
+    )
+    async def get_result(request: Request, request_id: str) -> JSONResponse:
+        answer = await client().peek_answer(request_id)
+        if answer is not None:
+            return JSONResponse(answer, status_code=status_code(answer))
+        if await client().is_submitted(request_id):
+            return pending(request, request_id)
+        return JSONResponse(
+            {"detail": f"no request {request_id!r} is known: never submitted here, or its result expired"},
+            status_code=404,
+        )
+
+    @app.get(
+        "/healthz",
+        summary="Liveness: Redis reachable",
+        response_model=Health,
+        responses={503: {"model": Health, "description": "redis is unreachable"}},
+    )
+    async def healthz() -> JSONResponse:
+        c = client()
+        try:
+            await c.ping()
+            pipe = c.redis.pipeline(transaction=False)
+            pipe.llen(queue_name(model))
+            pipe.llen(queue_name(model, backfill=True))
+            online, backfill = await pipe.execute()
+        except redis.exceptions.RedisError as e:
+            body = Health(status="unavailable", model=model, redis=str(e) or type(e).__name__)
+            return JSONResponse(body.model_dump(mode="json"), status_code=503)
+        depth = {"online": int(online), "backfill": int(backfill)}
+        return JSONResponse(Health(status="ok", model=model, redis="ok", queue_depth=depth).model_dump(mode="json"))
+
+    def openapi() -> dict[str, Any]:
+        # The request body is read raw (so refusals carry our messages, not FastAPI's), so its
+        # schema is added here from the pydantic model, with its definitions as components.
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            req = SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(req.pop("$defs", {}))
+            components["SystemOneRequest"] = req
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def serve(
+    redis_url: str = DEFAULT_REDIS_URL,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    model: str = DEFAULT_MODEL,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_wait_s: float = DEFAULT_MAX_WAIT_S,
+    log_level: str = "info",
+) -> None:
+    """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish)."""
+    import uvicorn
+
+    app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `vela2 http` arguments (shared with the CLI)."""
+    ap = argparse.ArgumentParser(prog="vela2 http", description=__doc__.splitlines()[0])
+    ap.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL), help="Redis URL")
+    ap.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0 inside a container)")
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT)
+    ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="the model served")
+    ap.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="default wait for an answer")
+    ap.add_argument("--max-wait-s", type=float, default=DEFAULT_MAX_WAIT_S, help="largest wait_s accepted")
+    ap.add_argument("--log-level", default="info")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`vela2 http [--redis URL] [--host H] [--port N] [--model NAME] ...`: serve until stopped."""
+    args = build_parser().parse_args(argv)
+    serve(
+        args.redis,
+        args.host,
+        args.port,
+        args.model,
+        timeout_s=args.timeout_s,
+        max_wait_s=args.max_wait_s,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

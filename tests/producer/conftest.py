@@ -1,0 +1,188 @@
+"""Fixtures of the producer tests: a fast fake worker (a thread), a real worker process on the demo
+checkpoint, and a real `vela2 http` server process.
+
+The fake worker BRPOPs the model's queues, decodes messages with the real decoder
+(producer.messages.decode_body) and writes results with the real result writer
+(worker.results.ResultStore, write-once + PUBLISH), so clients and backfill see exactly what a
+worker would leave in Redis, thousands of rows a second.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis as redis_lib
+
+from producer.messages import decode_body, parse_expires, request_id
+from vela2.schemas import Answer, RowResult, Status, expired_result
+from vela2.systemone import is_system_one
+from worker import keys
+from worker.results import ResultStore, row_meta
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "vela2-demo"
+WORKER_SETTINGS = {"max_batch_tokens": 2048, "max_wait_ms": 10, "render_threads": 1, "shutdown_timeout_s": 30}
+
+
+def fake_answer(obj: dict[str, Any], rid: str) -> tuple[RowResult, dict[str, Any] | None]:
+    """A well-formed ok result for a row (and the SystemOne answer for a SystemOne request)."""
+    if is_system_one(obj):
+        tasks = {t["name"]: {"kind": t["kind"], "probs": {}} for t in obj["tasks"]}
+        row = RowResult(id=rid, task="set:fake", status=Status.ok, answers=[])
+        return row, {"version": "1", "model": obj["model"], "id": rid, "status": "ok", "tasks": tasks}
+    answers = [Answer(question=0, task=obj.get("task", "choice:x"), probs={"yes": 0.5, "no": 0.5}, decision="yes")]
+    return RowResult(id=rid, task=obj.get("task"), status=Status.ok, answers=answers), None
+
+
+class FakeWorker:
+    """A thread that answers every message on the model's queues (online first)."""
+
+    def __init__(self, redis_url: str, model: str = MODEL, *, delay_s: float = 0.0):
+        self.redis = redis_lib.Redis.from_url(redis_url)
+        self.store = ResultStore(self.redis)
+        self.queues = keys.queues(model)
+        self.delay_s = delay_s  # per message, before its results are written
+        self.go = threading.Event()  # cleared: the worker takes nothing (the queue fills up)
+        self.go.set()
+        self.held = 0  # rows popped, not yet answered
+        self.rows = 0
+        self.messages = 0
+        self.max_chunk = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-worker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.go.wait(0.05):
+                continue
+            item = self.redis.brpop(self.queues, timeout=0.05)
+            if item is None:
+                continue
+            env = json.loads(item[1])
+            body = decode_body(base64.b64decode(env["body"]))
+            self.held = len(body.requests)
+            self.max_chunk = max(self.max_chunk, len(body.requests))
+            expires = parse_expires(env["headers"].get("expires"))
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            writes = []
+            for obj in body.requests:
+                rid = request_id(obj) if body.chunk else env["headers"]["id"]
+                if expires is not None and datetime.now(UTC) >= expires:
+                    res, answer = expired_result(rid, obj.get("task"), "deadline passed"), None
+                    if is_system_one(obj):
+                        answer = {"version": "1", "model": obj["model"], "id": rid, "status": "expired"}
+                else:
+                    res, answer = fake_answer(obj, rid)
+                writes.append((rid, row_meta(rid, res, answer)))
+            self.store.store(writes)
+            self.rows += len(writes)
+            self.messages += 1
+            self.held = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.redis.close()
+
+
+@pytest.fixture
+def fake_worker(redis_url: str) -> Iterator[Callable[..., FakeWorker]]:
+    """fake_worker(**kw) -> a running FakeWorker on the test's Redis (stopped after the test)."""
+    started: list[FakeWorker] = []
+
+    def start(**kw: Any) -> FakeWorker:
+        w = FakeWorker(redis_url, **kw)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+@pytest.fixture
+def real_worker(tmp_path: Path, demo_dir: Path) -> Iterator[Callable[[str], subprocess.Popen]]:
+    """real_worker(redis_url) -> a ready `celery -A worker.app worker` process on the demo checkpoint."""
+    from worker.demo import start_worker, wait_until_ready
+
+    procs: list[subprocess.Popen] = []
+
+    def start(redis_url: str) -> subprocess.Popen:
+        log_path = tmp_path / f"worker{len(procs)}.log"
+        proc = start_worker(redis_url, demo_dir, log_path, **WORKER_SETTINGS)
+        procs.append(proc)
+        wait_until_ready(proc, log_path)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def python_env() -> dict[str, str]:
+    """The environment of a producer subprocess: this repo first on the path, no VELA2_ settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VELA2_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """http_server(redis_url, *args) -> base URL of a running `python -m producer.http` process."""
+    procs: list[subprocess.Popen] = []
+
+    def start(redis_url: str, *args: str) -> str:
+        port = free_port()
+        log_path = tmp_path / f"http{len(procs)}.log"
+        cmd = [sys.executable, "-m", "producer.http", "--redis", redis_url, "--port", str(port), "--model", MODEL]
+        with open(log_path, "wb") as out:
+            proc = subprocess.Popen([*cmd, *args], env=python_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{base}/openapi.json", timeout=1)
+                return base
+            except httpx.TransportError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the http server did not start:\n{log_path.read_text()[-3000:]}") from None
+                time.sleep(0.05)
+
+    yield start
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,220 @@
+"""producer.backfill: OUT scanning and whole-line writes, bad lines and duplicates, timeouts and
+deadlines, the in-flight window checked against Redis (10^4 rows), and resume after SIGKILL of a
+real `python -m producer.backfill` process against a real worker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from producer.backfill import LineWriter, count_lines, run_backfill, scan_out
+from vela2.schemas import content_id
+from worker.keys import backfill_queue
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "vela2-demo"
+QUEUE = backfill_queue(MODEL)
+
+
+def row(i: int, **kw) -> dict:
+    base = {
+        "id": f"row-{i}",
+        "task": "choice:boolq",
+        "text": f"Row {i}: the sky is green today.",
+        "questions": [{"options": ["yes", "no"]}],
+    }
+    return {**base, **kw}
+
+
+def write_jsonl(path: Path, lines: list) -> Path:
+    with open(path, "w") as f:
+        for line in lines:
+            f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+    return path
+
+
+def read_out(path: Path) -> list[dict]:
+    text = path.read_text()
+    assert text == "" or text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_scan_out_truncates_only_a_torn_last_line(tmp_path):
+    out = tmp_path / "out.jsonl"
+    w = LineWriter(out)
+    w.write({"id": "a", "status": "ok"})
+    w.write({"id": "b", "status": "error"})
+    w.close()
+    whole = out.read_bytes()
+    with open(out, "ab") as f:
+        f.write(b'{"id": "c", "sta')  # a kill in the middle of a write
+    done, torn = scan_out(out)
+    assert done == {"a", "b"} and torn == len(b'{"id": "c", "sta')
+    assert out.read_bytes() == whole
+    assert scan_out(out) == ({"a", "b"}, 0)
+    assert scan_out(tmp_path / "missing.jsonl") == (set(), 0)
+    assert count_lines(out) == 2
+    write_jsonl(tmp_path / "n.jsonl", ["x", "y"])
+    (tmp_path / "m.jsonl").write_text("x\ny")
+    assert count_lines(tmp_path / "n.jsonl") == 2 == count_lines(tmp_path / "m.jsonl")
+
+
+def test_bad_lines_duplicates_and_system_one_requests(tmp_path, redis_url, fake_worker):
+    fake_worker()
+    s1 = {"model": MODEL, "input": "hello", "tasks": [{"name": "t", "kind": "set", "options": ["a"]}]}
+    no_id = {k: v for k, v in row(99).items() if k != "id"}
+    lines = [
+        row(0),
+        "{not json",
+        row(1, questions=[{"options": ["yes"]}]),  # invalid: one option
+        "[1, 2]",  # valid JSON, not an object
+        row(0, text="a later duplicate of row-0"),
+        s1,
+        {**s1, "model": "other-model", "id": "s1-wrong"},
+        no_id,
+        "",
+        row(2),
+    ]
+    inp = write_jsonl(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    s = run_backfill(inp, out, redis_url=redis_url, model=MODEL, window=4, chunk_size=2, poll_s=0.01)
+    got = {r["id"]: r for r in read_out(out)}
+    assert list(Counter(r["id"] for r in read_out(out)).values()) == [1] * len(got)
+    assert got["row-0"]["status"] == "ok" and got["row-0"]["answers"][0]["task"] == "choice:boolq"
+    assert got["line-2"]["error"]["type"] == "invalid_request"
+    assert got["line-2"]["error"]["message"].startswith("line 2: not valid JSON")
+    assert got["row-1"]["error"] == {
+        "type": "invalid_request",
+        "message": "line 3: questions[0]: choice questions need at least 2 options; got 1",
+    }
+    assert got["line-4"]["error"]["message"] == "line 4: a request must be a JSON object; got list"
+    assert got[content_id(s1)]["status"] == "ok" and "tasks" in got[content_id(s1)]  # the SystemOne answer
+    assert got["s1-wrong"]["error"]["type"] == "model_mismatch" and got["s1-wrong"]["version"] == "1"
+    assert got[content_id(no_id)]["status"] == "ok"
+    assert set(got) == {"row-0", "line-2", "row-1", "line-4", content_id(s1), "s1-wrong", content_id(no_id), "row-2"}
+    assert (s.rows, s.blank, s.ok, s.error, s.invalid, s.duplicates, s.submitted) == (9, 1, 4, 4, 4, 1, 4)
+    assert s.duplicate_ids == ["row-0"] and s.written == 8 and s.max_in_flight <= 4
+    assert "duplicates 1 ['row-0']" in s.line() and "invalid 4" in s.line()
+
+    again = run_backfill(inp, out, redis_url=redis_url, model=MODEL, window=4, chunk_size=2, poll_s=0.01)
+    assert (again.skipped, again.written, again.duplicates) == (8, 0, 1)
+
+
+def test_rows_without_a_result_become_timeout_errors_and_expired_rows_are_reported(tmp_path, redis_url, fake_worker):
+    inp = write_jsonl(tmp_path / "in.jsonl", [row(i) for i in range(5)])
+    out = tmp_path / "out.jsonl"
+    s = run_backfill(inp, out, redis_url=redis_url, model=MODEL, window=2, chunk_size=1, timeout_s=0.2, poll_s=0.02)
+    assert (s.timeout, s.error, s.ok) == (5, 5, 0)
+    assert {r["error"]["type"] for r in read_out(out)} == {"timeout"} and len(read_out(out)) == 5
+    assert "timeout 5" in s.line()
+
+    # (the 5 timed-out messages are still queued: the rows below are new ones, behind them)
+    inp2 = write_jsonl(tmp_path / "in2.jsonl", [row(i) for i in range(10, 15)])
+    worker = fake_worker()
+    worker.go.clear()  # the deadline passes before the worker takes anything
+    out2 = tmp_path / "out2.jsonl"
+    threading.Timer(0.4, worker.go.set).start()
+    s2 = run_backfill(
+        inp2, out2, redis_url=redis_url, model=MODEL, window=10, chunk_size=5, deadline_s=0.1, poll_s=0.02
+    )
+    assert (s2.expired, s2.ok) == (5, 0)
+    assert {r["status"] for r in read_out(out2)} == {"expired"}
+
+
+def _queued_rows(r) -> int:
+    """Rows inside the messages waiting on the backfill queue (one LRANGE: an atomic snapshot)."""
+    n = 0
+    for payload in r.lrange(QUEUE, 0, -1):
+        env = json.loads(payload)
+        n += len(env["headers"].get("vela2_ids") or [None])
+        assert base64.b64decode(env["body"])  # a real message
+    return n
+
+
+def test_ten_thousand_rows_never_more_than_the_window_in_flight(tmp_path, redis_url, redis_server, fake_worker):
+    n_rows, window, chunk = 10_000, 100, 20
+    inp = write_jsonl(tmp_path / "in.jsonl", [row(i) for i in range(n_rows)])
+    out = tmp_path / "out.jsonl"
+    worker = fake_worker()
+    worker.go.clear()
+    r = redis_server.client()
+    result: dict = {}
+    job = threading.Thread(
+        target=lambda: result.update(
+            s=run_backfill(inp, out, redis_url=redis_url, model=MODEL, window=window, chunk_size=chunk, poll_s=0.005)
+        )
+    )
+    job.start()
+    try:
+        # Worker stopped: the backfill fills the window and then holds; Redis shows exactly the window.
+        deadline = time.monotonic() + 30
+        while _queued_rows(r) < window and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert _queued_rows(r) == window
+        # Worker running: rows queued + rows held by the worker never exceed the window.
+        worker.go.set()
+        peak = 0
+        while job.is_alive():
+            held = worker.held
+            peak = max(peak, _queued_rows(r) + held)
+            time.sleep(0.002)
+        job.join()
+    finally:
+        worker.go.set()
+        job.join(60)
+        r.close()
+    s = result["s"]
+    assert peak <= window
+    assert s.max_in_flight == window and s.submitted == n_rows and s.ok == n_rows
+    assert worker.rows == n_rows and worker.max_chunk == chunk
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert len(ids) == n_rows and set(ids) == {f"row-{i}" for i in range(n_rows)}
+
+
+def test_resume_after_sigkill_writes_every_id_exactly_once(tmp_path, redis_url, real_worker):
+    from vela2.demo import sample_rows
+
+    real_worker(redis_url)
+    templates = sample_rows()[:5]  # choice, score, set, pii span, bundle
+    n_rows = 400
+    rows = [
+        {**templates[i % 5], "id": f"k-{i}", "text": templates[i % 5]["text"] + f" Case {i}."} for i in range(n_rows)
+    ]
+    inp = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    cmd = [sys.executable, "-m", "producer.backfill", str(inp), str(out), "--redis", redis_url, "--model", MODEL]
+    cmd += ["--window", "16", "--chunk-size", "4", "--poll-s", "0.02", "--no-progress", "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while (not out.exists() or out.read_bytes().count(b"\n") < 60) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    done_before = out.read_bytes().count(b"\n")
+    assert 60 <= done_before < n_rows, done_before  # killed midway
+    with open(out, "ab") as f:
+        f.write(b'{"id":"k-399","task":"choi')  # and, as a kill mid-write would leave it, a torn line
+
+    rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=True)
+    summary = json.loads(rerun.stdout.strip().splitlines()[-1])
+    results = read_out(out)  # every line parses
+    ids = Counter(r["id"] for r in results)
+    assert ids == Counter(f"k-{i}" for i in range(n_rows))  # every id exactly once
+    assert all(r["status"] == "ok" for r in results)
+    assert summary["skipped"] == done_before and summary["written"] == n_rows - done_before
+    assert summary["torn_bytes"] == len(b'{"id":"k-399","task":"choi')
+    assert summary["submitted"] + summary["recovered"] == n_rows - done_before
+    assert summary["max_in_flight"] <= 16

@@ -1,0 +1,195 @@
+"""The HTTP route for real: `python -m producer.http` (uvicorn) on a free loopback port, talked to with
+httpx, answered by a real worker on the demo checkpoint (or by the fake worker where a test needs
+control of the timing), against a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from producer.http import status_code
+from vela2.schemas import ErrorInfo, RowResult, Status
+from worker.keys import online_queue
+from worker.results import ResultStore, row_meta
+
+pytestmark = pytest.mark.integration
+
+MODEL = "vela2-demo"
+REQUEST = {
+    "model": MODEL,
+    "id": "http-1",
+    "input": {
+        "user": "Hi, I am Carol Diaz, my email is carol@initech.com. Where is my refund?",
+        "assistant": "Sorry Carol, the refund for order 4471 was sent on Monday.",
+    },
+    "tasks": [
+        {"name": "intent", "kind": "choice", "question": "What does the user want?", "options": ["refund", "other"]},
+        {"name": "quality", "kind": "score", "options": ["1", "2", "3", "4", "5"]},
+        {"name": "pii", "kind": "span", "labels": ["person", "email"], "fields": ["user"]},
+        {"name": "topic", "kind": "classify", "labels": ["finance", "support"]},
+    ],
+}
+
+
+def test_round_trip_with_a_real_worker(redis_url, real_worker, http_server):
+    real_worker(redis_url)
+    base = http_server(redis_url)
+    with httpx.Client(base_url=base, timeout=60) as http:
+        r = http.post("/v1/system_one", json=REQUEST, params={"wait_s": 30})
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["id"] == "http-1" and answer["status"] == "ok" and answer["model"] == MODEL
+        assert list(answer["tasks"]) == ["intent", "quality", "pii", "topic"]
+        assert abs(sum(answer["tasks"]["intent"]["probs"].values()) - 1) < 1e-6
+        user = REQUEST["input"]["user"]
+        for span in answer["tasks"]["pii"]["spans"]:
+            assert span["field"] == "user" and user[span["start"] : span["end"]] == span["text"]
+        assert set(answer["timings"]) >= {"queue_ms", "model_ms"}
+
+        assert http.get("/v1/results/http-1").json() == answer
+        again = http.post("/v1/system_one", json=REQUEST)  # an answered id is not queued again
+        assert again.status_code == 200 and again.json() == answer
+
+        # Not waiting: 202 with where to look, then the answer there.
+        late = http.post("/v1/system_one", json={**REQUEST, "id": "http-2"}, params={"wait_s": 0})
+        assert late.status_code == 202
+        assert late.json() == {"id": "http-2", "status": "pending", "result_url": f"{base}/v1/results/http-2"}
+        assert late.headers["location"] == f"{base}/v1/results/http-2"
+        for _ in range(600):
+            got = http.get("/v1/results/http-2")
+            if got.status_code != 202:
+                break
+            time.sleep(0.01)
+        assert got.status_code == 200 and got.json()["id"] == "http-2" and got.json()["status"] == "ok"
+
+        health = http.get("/healthz")
+        assert health.status_code == 200
+        assert health.json() == {
+            "status": "ok",
+            "model": MODEL,
+            "redis": "ok",
+            "queue_depth": {"online": 0, "backfill": 0},
+        }
+
+
+def test_refusals_are_4xx_with_clear_messages_and_nothing_is_queued(redis_url, redis_server, http_server):
+    base = http_server(redis_url)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        r = http.post("/v1/system_one", json={**REQUEST, "model": "vela2-9b"})
+        assert r.status_code == 400
+        assert r.json()["error"] == {
+            "type": "model_mismatch",
+            "message": "request names model 'vela2-9b'; this route serves 'vela2-demo'",
+        }
+        assert r.json()["id"] == "http-1" and r.json()["status"] == "error"
+
+        bad_kind = {**REQUEST, "tasks": [{"name": "x", "kind": "guess", "options": ["a", "b"]}]}
+        r = http.post("/v1/system_one", json=bad_kind)
+        assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request"
+        assert "unknown kind 'guess'" in r.json()["error"]["message"]
+
+        bad_field = {**REQUEST, "tasks": [{"name": "p", "kind": "span", "labels": ["person"], "fields": ["email"]}]}
+        r = http.post("/v1/system_one", json=bad_field)
+        assert r.status_code == 422
+        assert "field 'email' is not in input" in r.json()["error"]["message"]
+
+        too_many = {**REQUEST, "tasks": [{"name": f"t{i}", "kind": "set", "options": ["a"]} for i in range(33)]}
+        r = http.post("/v1/system_one", json=too_many)
+        assert r.status_code == 422 and r.json()["error"]["type"] == "limit_exceeded"
+        assert "33 tasks given; limit 32" in r.json()["error"]["message"]
+
+        r = http.post("/v1/system_one", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("request body is not valid JSON")
+
+        r = http.post("/v1/system_one", content=b" " * 8_000_001)
+        assert r.status_code == 413 and r.json()["error"]["type"] == "limit_exceeded"
+        assert r.json()["error"]["message"] == "request body has 8,000,001 bytes; limit 8,000,000"
+
+        r = http.post("/v1/system_one", json=REQUEST, params={"wait_s": 9999})
+        assert r.status_code == 422 and "wait_s" in r.json()["error"]["message"]
+
+        r = http.get("/v1/results/never-submitted")
+        assert r.status_code == 404 and "never-submitted" in r.json()["detail"]
+
+    client = redis_server.client()
+    try:
+        assert client.llen(online_queue(MODEL)) == 0 and client.keys("vela2.*") == []
+    finally:
+        client.close()
+
+
+def test_pending_expired_and_worker_failures_map_to_status_codes(redis_url, redis_server, http_server, fake_worker):
+    worker = fake_worker()
+    worker.go.clear()
+    base = http_server(redis_url)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        r = http.post("/v1/system_one", json={**REQUEST, "id": "exp"}, params={"wait_s": 0.2, "deadline_s": 0.05})
+        assert r.status_code == 202  # no worker took it yet
+        assert http.get("/v1/results/exp").status_code == 202  # pending, not unknown
+        worker.go.set()
+        for _ in range(600):
+            r = http.get("/v1/results/exp")
+            if r.status_code != 202:
+                break
+            time.sleep(0.01)
+        assert r.status_code == 504 and r.json()["status"] == "expired"
+
+    # What the worker stored decides the code: a model failure is 500, a refused request 422.
+    store = ResultStore(redis_server.client())
+    for rid, code in (("boom", "model_error"), ("words", "limit_exceeded")):
+        res = RowResult(id=rid, status=Status.error, error=ErrorInfo(type=code, message="m"))
+        answer = {"version": "1", "model": MODEL, "id": rid, "status": "error", "error": {"type": code, "message": "m"}}
+        store.store([(rid, row_meta(rid, res, answer))])
+    with httpx.Client(base_url=base, timeout=30) as http:
+        assert http.get("/v1/results/boom").status_code == 500
+        assert http.get("/v1/results/words").status_code == 422
+    store.redis.close()
+    assert status_code({"status": "ok"}) == 200
+    assert status_code({"status": "error", "error": {"type": "model_mismatch"}}) == 400
+
+
+def test_redis_down_is_503(http_server):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+    base = http_server(dead)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        health = http.get("/healthz")
+        assert health.status_code == 503 and health.json()["status"] == "unavailable"
+        r = http.post("/v1/system_one", json=REQUEST)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable"
+
+
+def test_openapi_describes_every_route_and_the_systemone_schemas(redis_url, http_server):
+    base = http_server(redis_url)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        spec = http.get("/openapi.json").json()
+        assert http.get("/docs").status_code == 200
+    assert set(spec["paths"]) == {"/v1/system_one", "/v1/results/{request_id}", "/healthz"}
+    post = spec["paths"]["/v1/system_one"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/SystemOneRequest"
+    }
+    assert {"200", "202", "400", "413", "422", "503", "504"} <= set(post["responses"])
+    schemas = spec["components"]["schemas"]
+    assert {"SystemOneRequest", "SystemOneTask", "SystemOneAnswer", "TaskAnswer", "Pending"} <= set(schemas)
+    refs = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                refs.add(node["$ref"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(spec)
+    assert refs and all(r.startswith("#/components/schemas/") and r.split("/")[-1] in schemas for r in refs)
+    assert json.dumps(spec)  # plain JSON
