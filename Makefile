@@ -28,5 +28,19 @@ lint: install
 test: lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
+# The fault suite against real processes (writes bench/results/reliability.json; exit 1 on a lost request).
+reliability: $(DEMO_CKPT)/config.json
+	$(PY) -m bench.reliability --checkpoint $(DEMO_CKPT) --out bench/results/reliability.json
+
+# Steady traffic for MINUTES minutes, sampling worker RSS and GPU memory (bench/results/soak.json).
+MINUTES ?= 5
+soak: $(DEMO_CKPT)/config.json
+	$(PY) -m bench.reliability --checkpoint $(DEMO_CKPT) --only none --fuzz-examples 0 \
+		--soak-minutes $(MINUTES) --out bench/results/soak.json
+
+# Queue overhead on this CPU machine vs plain Celery (writes bench/results/cpu-queue.json).
+bench-queue: $(DEMO_CKPT)/config.json
+	$(PY) -m bench.queue_bench cpu --out bench/results/cpu-queue.json
+
 clean:
 	rm -rf $(VENV) .cache

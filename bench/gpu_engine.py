@@ -205,7 +205,8 @@ def build_model(args: argparse.Namespace, device: torch.device):
         max_position_embeddings=max(4096, 2 * args.window),
     )
     # The release window and overlap (the demo config shrinks both for its tiny model).
-    config = dataclasses.replace(config, max_window_tokens=args.window, window_overlap_words=64)
+    config = dataclasses.replace(config, max_window_tokens=args.window, window_overlap_words=64,
+                                 window_block_reserve_tokens=0)  # 0: an eighth of the window
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     return Vela2Model.random(config, tok, demo_calibration(), device=device, dtype=dtype, seed=0)
 

@@ -68,6 +68,13 @@ class Vela2Config:
     window_block_reserve_tokens: int = 0  # tokens kept for question blocks; 0: max_window_tokens // 8
     model_type: str = "vela2"
 
+    def __post_init__(self) -> None:
+        if self.max_window_tokens - 1 - self.block_reserve_tokens < 16:
+            raise CheckpointError(
+                f"window_block_reserve_tokens {self.block_reserve_tokens:,} leaves less than 16 text tokens in "
+                f"a window of max_window_tokens {self.max_window_tokens:,}"
+            )
+
     @property
     def block_reserve_tokens(self) -> int:
         return self.window_block_reserve_tokens or self.max_window_tokens // 8

@@ -59,3 +59,10 @@ class ConfigError(Vela2Error, ValueError):
     """A worker or producer setting that is inconsistent (e.g. visibility timeout too short)."""
 
     code = "config_error"
+
+
+class PoisonRequest(ModelError):
+    """A request that was running every time a worker process died, `max_attempts` times; it is
+    answered with this error and moved to the model's dead-letter list."""
+
+    code = "poison"

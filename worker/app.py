@@ -62,6 +62,7 @@ ENV = {
     "row_tokens": "VELA2_ROW_TOKENS",
     "attn": "VELA2_ATTN",
     "random_weights": "VELA2_RANDOM_WEIGHTS",
+    "max_attempts": "VELA2_MAX_ATTEMPTS",
 }
 
 
@@ -86,6 +87,7 @@ class WorkerSettings:
     row_tokens: int = 0  # pack several short sequences per row of this many tokens; 0: one per row
     attn: str = "sdpa"  # attention backend: sdpa (dense tree mask) | flex (block-sparse, compiled)
     random_weights: int = 0  # 1: seeded random weights instead of the stored ones (benchmarks only)
+    max_attempts: int = 3  # deliveries a request may crash a worker in before it is dead-lettered
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> WorkerSettings:
@@ -130,7 +132,7 @@ class WorkerSettings:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
         if self.resolved_dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"dtype must be float32 or bfloat16; got {self.dtype!r}")
-        for name in ("max_batch_tokens", "max_buffered", "render_threads", "result_expires_s"):
+        for name in ("max_batch_tokens", "max_buffered", "render_threads", "result_expires_s", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1; got {getattr(self, name)}")
         for name in ("max_wait_ms", "shutdown_timeout_s"):
@@ -225,6 +227,8 @@ def build_engine(settings: WorkerSettings) -> Engine:
         max_wait_ms=settings.max_wait_ms,
         precision=settings.resolved_precision,
         render_threads=settings.render_threads,
+        row_tokens=settings.row_tokens,
+        max_attempts=settings.max_attempts,
     )
     worst_s = measure_worst_batch_s(model, engine_settings)
     batches = buffered_batches(settings.max_buffered, model.config.max_window_tokens, settings.max_batch_tokens)

@@ -7,6 +7,11 @@ first). Among ready batches, one holding an online request (priority 0) goes bef
 ones (priority 1), then the one whose oldest sequence waited longest. Batches are packed with
 `vela2.pipeline.pack`, the one implementation of the budget rule:
 padded cost = longest x count <= max_batch_tokens; a sequence over the budget runs alone.
+
+Row packing (`row_tokens` R set): several short sequences share one row of R tokens, so length no
+longer sets the padding and every sequence waits in one shared bucket; batches are packed by
+`functools.partial(vela2.pipeline.pack, row_tokens=R)` (rows x R <= max_batch_tokens), and a batch
+is full when one more sequence as long as its longest would need a further batch.
 """
 
 from __future__ import annotations
@@ -59,11 +64,18 @@ class Waiting(Generic[T]):
 class Buckets(Generic[T]):
     """Waiting sequences by length bucket; `pop_batch` hands out the most urgent ready batch."""
 
-    def __init__(self, max_batch_tokens: int, max_wait_s: float, pack: PackFn | None = None):
+    def __init__(
+        self, max_batch_tokens: int, max_wait_s: float, pack: PackFn | None = None, row_tokens: int | None = None
+    ):
+        """`pack(lengths, max_batch_tokens)` groups indices into batches; with `row_tokens` set it
+        must be the row-packing one (`partial(vela2.pipeline.pack, row_tokens=row_tokens)`)."""
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1; got {max_batch_tokens}")
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0; got {max_wait_s}")
+        if row_tokens is not None and row_tokens < 1:
+            raise ValueError(f"row_tokens must be >= 1 (or None: one sequence per row); got {row_tokens}")
+        self.row_tokens = row_tokens
         self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_s
         self._pack = pack or _default_pack()
@@ -74,7 +86,8 @@ class Buckets(Generic[T]):
 
     def add(self, value: T, tokens: int, since: float, priority: int = 0) -> None:
         """Queue one sequence of `tokens` tokens whose request arrived at `since`."""
-        self._buckets.setdefault(bucket_of(tokens), []).append(Waiting(value, tokens, since, priority))
+        key = 0 if self.row_tokens else bucket_of(tokens)  # packed rows: one shared bucket
+        self._buckets.setdefault(key, []).append(Waiting(value, tokens, since, priority))
 
     def next_deadline(self) -> float | None:
         """When the oldest waiting sequence reaches max_wait (None when nothing waits)."""
@@ -83,13 +96,28 @@ class Buckets(Generic[T]):
 
     def _full(self, batch: list[Waiting[T]]) -> bool:
         longest = max(w.tokens for w in batch)
+        if self.row_tokens:
+            # rows are planned first-fit: ask the packer whether one more as long still fits
+            return len(self._pack([w.tokens for w in batch] + [longest], self.max_batch_tokens)) > 1
         return longest * (len(batch) + 1) > self.max_batch_tokens  # no room for one more as long
+
+    def _may_fill(self, items: list[Waiting[T]]) -> bool:
+        """Cheap test before packing: could these sequences fill a batch at all?"""
+        if self.row_tokens:
+            # First-fit leaves at most one row half empty or worse, so n sequences (plus the one
+            # more of `_full`) need at most 2 x tokens / capacity + 1 rows: fewer than a batch holds
+            # means no batch of them can be full yet.
+            longest = max(w.tokens for w in items)
+            capacity = max(self.row_tokens, longest)
+            per_batch = max(1, self.max_batch_tokens // capacity)
+            return 2 * (sum(w.tokens for w in items) + longest) / capacity + 1 > per_batch
+        return max(w.tokens for w in items) * len(items) >= self.max_batch_tokens
 
     def _candidate(self, items: list[Waiting[T]], now: float, flush: bool) -> list[int] | None:
         """Indices (into `items`) of the batch this bucket would hand out now, or None."""
         oldest = min(w.since for w in items)
         aged = flush or oldest + self.max_wait_s <= now
-        if not aged and max(w.tokens for w in items) * len(items) < self.max_batch_tokens:
+        if not aged and not self._may_fill(items):
             return None  # neither full nor old: keep waiting for company
         batches = self._pack([w.tokens for w in items], self.max_batch_tokens)
         if not aged:

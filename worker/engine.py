@@ -18,10 +18,23 @@ its first batch starts), render_ms, model_ms (batches that carried it), decode_m
 
 Warm stop: intake closes, everything held is finished (buffered rows are flushed without waiting
 for company) within the timeout; whatever is left is rejected with requeue, back to its queue.
+
+Poison requests: a request that kills the worker process itself (a segfault, the kernel's OOM
+killer, a CUDA error that aborts) raises nothing to split on; its message is redelivered after the
+visibility timeout and would kill the next worker too, forever. So before a request's first batch
+in this delivery the engine counts the attempt in Redis (`vela2:attempts:<id>`, SET NX + GET for
+the whole batch in one pipelined round trip, with a TTL); the counter is deleted once the request
+has a stored result, so a counter found there means earlier attempts died with their workers. Such
+a suspect is quarantined: it runs alone (its counter INCRed first) once every counted request in
+flight has its result stored, so if it kills the process again it takes no innocent request's
+attempt with it. A request whose earlier attempts reached `max_attempts` is not run: its request
+goes to the dead-letter list `vela2.<model>.dead`, it gets an error result of type "poison", and
+its message is acked.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -33,13 +46,15 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from producer.messages import decode_body, parse_expires, request_id
 from vela2 import systemone
 from vela2.config import LIMITS
-from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, ModelError, Vela2Error
+from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, ModelError, PoisonRequest, Vela2Error
 from vela2.schemas import RowResult, Status, error_result, expired_result, guess_id_task
+from worker import keys
 from worker.batching import Buckets
 from worker.metrics import Metrics
 from worker.results import ResultStore, chunk_meta, row_meta
@@ -49,8 +64,15 @@ log = logging.getLogger(__name__)
 # Test-only hooks (read once when an engine is built; never set them in production):
 #   VELA2_TEST_BATCH_DELAY_S    sleep this long before every batch (a slow device, for SIGKILL tests)
 #   VELA2_TEST_FAIL_ID_PREFIX   a batch holding a request whose id starts with this raises RuntimeError
+#   VELA2_TEST_CRASH_ID_PREFIX  a batch holding a request whose id starts with this kills the whole
+#                               process (os._exit(137), as the kernel's OOM killer would): poison tests
+#   VELA2_TEST_OOM_ABOVE_TOKENS a batch of more padded tokens (longest x count) than this raises
+#                               torch.OutOfMemoryError, as a device with too little memory would
 TEST_DELAY_ENV = "VELA2_TEST_BATCH_DELAY_S"
 TEST_FAIL_ENV = "VELA2_TEST_FAIL_ID_PREFIX"
+TEST_CRASH_ENV = "VELA2_TEST_CRASH_ID_PREFIX"
+TEST_OOM_ENV = "VELA2_TEST_OOM_ABOVE_TOKENS"
+TEST_CRASH_EXIT = 137
 
 _IDLE_WAIT_S = 0.5  # longest sleep with nothing waiting (new events wake the loop at once)
 _STORE_RETRY_S = 1.0  # pause before retrying a failed result write (Redis away)
@@ -65,6 +87,9 @@ class EngineSettings:
     precision: str = "fp32"  # passed to run_batch: "fp32" | "bf16"
     render_threads: int = 2  # CPU threads rendering (prepare) and decoding (finish)
     max_message_bytes: int = LIMITS.max_message_bytes  # larger messages get a limit_exceeded result
+    row_tokens: int = 0  # pack several short sequences into rows of this many tokens; 0: one per row
+    max_attempts: int = 3  # deliveries a request may start running in before it is dead-lettered
+    attempts_ttl_s: int = 86_400  # TTL of a request's attempt counter (outlives many redeliveries)
 
 
 @dataclass
@@ -104,6 +129,7 @@ class _Request:
     remaining: int = 0  # sequences without output yet
     model_ms: float = 0.0
     started: float | None = None  # when its first batch started
+    attempt: int = 0  # this delivery's attempt number (0: not counted yet; see the module docstring)
     closed: bool = False  # a result exists (or is being decoded); nothing more to run
 
 
@@ -128,6 +154,8 @@ class EngineStats:
     messages_returned: int = 0
     batches: int = 0
     batches_raised: int = 0
+    retried_alone: int = 0  # requests run alone because an earlier attempt died with its worker
+    dead_lettered: int = 0
 
     def summary(self) -> str:
         r = self.results
@@ -135,7 +163,7 @@ class EngineStats:
             f"answered {sum(r.values())} requests (ok {r['ok']}, error {r['error']}, expired "
             f"{r['expired']}), skipped {self.duplicates} duplicates; acked {self.messages_acked} "
             f"messages, returned {self.messages_returned} to the queue; {self.batches} batches "
-            f"({self.batches_raised} raised)"
+            f"({self.batches_raised} raised); {self.retried_alone} retried alone, {self.dead_lettered} dead-lettered"
         )
 
 
@@ -161,7 +189,14 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.stats = EngineStats()
-        self._buckets: Buckets[_Seq] = Buckets(settings.max_batch_tokens, settings.max_wait_ms / 1e3, pipeline.pack)
+        row_tokens = settings.row_tokens or None
+        pack = partial(pipeline.pack, row_tokens=row_tokens) if row_tokens else pipeline.pack
+        self._buckets: Buckets[_Seq] = Buckets(
+            settings.max_batch_tokens, settings.max_wait_ms / 1e3, pack, row_tokens=row_tokens
+        )
+        self._attempted: dict[str, int] = {}  # id -> attempt counted by this engine, until its result is stored
+        self._quarantine: dict[_Request, list[_Seq]] = {}  # suspects waiting to run alone, oldest first
+        self._dead_key = keys.dead_letter(getattr(model, "name", None) or "unknown")
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._messages: set[_Message] = set()
         self._to_store: list[tuple[_Message, str, dict[str, Any], str]] = []  # (message, id, meta, status)
@@ -174,11 +209,16 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._test_delay_s = float(os.environ.get(TEST_DELAY_ENV) or 0)
         self._test_fail_prefix = os.environ.get(TEST_FAIL_ENV) or None
-        if self._test_delay_s or self._test_fail_prefix:
+        self._test_crash_prefix = os.environ.get(TEST_CRASH_ENV) or None
+        self._test_oom_tokens = int(os.environ.get(TEST_OOM_ENV) or 0)
+        if self._test_delay_s or self._test_fail_prefix or self._test_crash_prefix or self._test_oom_tokens:
             log.warning(
-                "TEST HOOKS ACTIVE: batch delay %.3f s, failing id prefix %r",
+                "TEST HOOKS ACTIVE: batch delay %.3f s, failing id prefix %r, crashing id prefix %r, "
+                "OOM above %d padded tokens",
                 self._test_delay_s,
                 self._test_fail_prefix,
+                self._test_crash_prefix,
+                self._test_oom_tokens,
             )
 
     # --- the outside: consumer thread and lifecycle ---------------------------------------------
@@ -234,6 +274,8 @@ class Engine:
     def _wait_s(self) -> float:
         if self._to_store:
             return max(0.0, min(_IDLE_WAIT_S, self._store_after - self.clock()))
+        if self._quarantine and self._attempted:
+            return _IDLE_WAIT_S  # a suspect waits for results in flight: their events wake the loop
         if self._stopping:
             return 0.0 if len(self._buckets) else 0.05
         deadline = self._buckets.next_deadline()
@@ -359,12 +401,22 @@ class Engine:
     # --- batches ------------------------------------------------------------------------------
 
     def _maybe_run_batch(self) -> bool:
+        if self._quarantine:
+            return self._run_quarantine()
         batch = self._buckets.pop_batch(self.clock(), flush=self._stopping)
         if batch is None:
             return False
+        live = self._count_attempts(self._live(batch))
+        if live:
+            self._run_split(live)
+            self._finish_done({item.req for item in live})
+        return True
+
+    def _live(self, items: list[_Seq]) -> list[_Seq]:
+        """The items still worth running: not closed; requests past their deadline are answered."""
         now_wall = datetime.now(UTC)
         live = []
-        for item in batch:
+        for item in items:
             req = item.req
             if req.closed:
                 continue
@@ -372,14 +424,156 @@ class Engine:
                 self._expire(req)
                 continue
             live.append(item)
-        if live:
-            self._run_split(live)
-            for req in {item.req for item in live}:
-                if not req.closed and req.remaining == 0:
-                    req.closed = True
-                    fut = self._pool.submit(self._finish, req)
-                    fut.add_done_callback(lambda f, r=req: self._events.put(("finished", r, f)))
+        return live
+
+    def _finish_done(self, reqs: set[_Request]) -> None:
+        """Send every request whose sequences all ran to a CPU thread for decoding."""
+        for req in reqs:
+            if not req.closed and req.remaining == 0:
+                req.closed = True
+                fut = self._pool.submit(self._finish, req)
+                fut.add_done_callback(lambda f, r=req: self._events.put(("finished", r, f)))
+
+    # --- attempts, suspects, the dead-letter list (see the module docstring) -------------------
+
+    def _count_attempts(self, items: list[_Seq]) -> list[_Seq]:
+        """Count an attempt for every request about to run its first batch in this delivery: one
+        pipelined round trip of SET NX (the first attempt) + GET (earlier ones). A request with
+        earlier attempts is a suspect: it goes to quarantine (all its sequences), or to the
+        dead-letter list past max_attempts. Returns the items still to run now."""
+        fresh = list({it.req: None for it in items if it.req.attempt == 0})
+        if not fresh:
+            return items
+        ttl = int(self.settings.attempts_ttl_s)
+        try:
+            pipe = self.store.redis.pipeline(transaction=False)
+            for req in fresh:
+                pipe.set(keys.attempts_key(req.rid), 1, nx=True, ex=ttl)
+                pipe.get(keys.attempts_key(req.rid))
+            replies = pipe.execute()
+        except Exception as e:  # Redis away: run anyway (a crash loop needs Redis to redeliver at all)
+            log.warning("counting attempts of %d requests failed (%s); running them uncounted", len(fresh), e)
+            for req in fresh:
+                req.attempt = -1  # uncounted, but not to be counted again
+            return items
+        set_aside: set[_Request] = set()
+        for req, first, value in zip(fresh, replies[::2], replies[1::2], strict=True):
+            if first:
+                req.attempt = 1
+                self._attempted[req.rid] = 1
+                continue
+            died = int(value or 0)  # earlier attempts that never got to store a result
+            set_aside.add(req)
+            if died >= self.settings.max_attempts:
+                self._dead_letter(req, died)
+            else:
+                self._suspect(req, [it for it in items if it.req is req], died)
+        return [it for it in items if it.req not in set_aside]
+
+    def _suspect(self, req: _Request, items: list[_Seq], died: int) -> None:
+        """Quarantine a request whose earlier attempt(s) died with their worker: all its sequences
+        wait here and run alone, when nothing else counted is in flight."""
+        items = items + self._buckets.remove(lambda s: s.req is not req)
+        self._quarantine.setdefault(req, []).extend(items)
+        self.stats.retried_alone += 1
+        log.warning(
+            "request %s: %d earlier attempt(s) died with their worker; it will run alone (attempt %d of %d)",
+            req.rid,
+            died,
+            died + 1,
+            self.settings.max_attempts,
+        )
+
+    def _run_quarantine(self) -> bool:
+        """Run the next quarantined request alone once nothing else counted is in flight (so that
+        if it kills the process, no innocent request is counted against or lost with it)."""
+        counted = self._buckets.remove(lambda s: s.req.attempt == 0)  # rows already running: finish
+        if counted:
+            pack = partial(self.pipeline.pack, row_tokens=self.settings.row_tokens or None)
+            for idx in pack([it.tokens for it in counted], self.settings.max_batch_tokens):
+                live = self._live([counted[i] for i in idx])
+                self._run_split(live)
+                self._finish_done({it.req for it in live})
+            return True
+        if self._attempted:
+            return False  # wait until those are decoded and stored
+        req, items = next(iter(self._quarantine.items()))
+        del self._quarantine[req]
+        items = self._live(items)
+        if not items:
+            return True
+        try:
+            if self.store.existing([req.rid]):  # answered meanwhile (another delivery of it)
+                req.closed = True
+                req.msg.pending.discard(req.rid)
+                req.msg.counts["duplicate"] += 1
+                self.stats.duplicates += 1
+                self._maybe_finalize(req.msg)
+                return True
+            pipe = self.store.redis.pipeline(transaction=False)
+            pipe.incr(keys.attempts_key(req.rid))
+            pipe.expire(keys.attempts_key(req.rid), int(self.settings.attempts_ttl_s))
+            req.attempt = int(pipe.execute()[0])
+        except Exception as e:
+            log.warning("counting the attempt of %s failed (%s); running it uncounted", req.rid, e)
+            req.attempt = -1
+        if req.attempt > self.settings.max_attempts:
+            self._dead_letter(req, req.attempt - 1)
+            return True
+        if req.attempt > 0:
+            self._attempted[req.rid] = req.attempt
+        for it in items:
+            self._run_split([it])
+        self._finish_done({req})
         return True
+
+    def _forget_attempts(self, rids: list[str]) -> None:
+        """Delete the attempt counters of requests whose results are now stored."""
+        if not rids:
+            return
+        for rid in rids:
+            self._attempted.pop(rid, None)
+        try:
+            self.store.redis.delete(*[keys.attempts_key(rid) for rid in rids])
+        except Exception as e:  # harmless: the counters expire on their own
+            log.warning("deleting %d attempt counters failed: %s", len(rids), e)
+
+    def _uncount_attempts(self, rids: list[str]) -> None:
+        """Take back this engine's attempt of requests it returns to the queue alive (warm stop)."""
+        if not rids:
+            return
+        try:
+            pipe = self.store.redis.pipeline(transaction=False)
+            for rid in rids:
+                n = self._attempted.pop(rid, 1)
+                if n == 1:
+                    pipe.delete(keys.attempts_key(rid))
+                elif n > 1:
+                    pipe.decr(keys.attempts_key(rid))
+                # n == 0: dead-lettered, its counter must stay
+            pipe.execute()
+        except Exception as e:
+            log.warning("uncounting %d attempts failed: %s", len(rids), e)
+
+    def _dead_letter(self, req: _Request, died: int) -> None:
+        """Move a poison request to the dead-letter list and answer it with a "poison" error."""
+        reason = f"request crashed the worker {died} times; moved to {self._dead_key}"
+        entry = {
+            "id": req.rid,
+            "message_id": req.msg.id,
+            "reason": reason,
+            "attempts": died,
+            "at": datetime.now(UTC).isoformat(),
+            "request": req.obj,
+        }
+        try:
+            self.store.redis.lpush(self._dead_key, json.dumps(entry, ensure_ascii=False, default=str))
+        except Exception as e:  # the error answer still goes out; the list is for humans
+            log.error("pushing %s to %s failed: %s", req.rid, self._dead_key, e)
+        log.error("request %s is poison: %s", req.rid, reason)
+        self.stats.dead_lettered += 1
+        self._attempted[req.rid] = 0  # its counter goes once the error answer is stored, never earlier
+        self._fail(req, PoisonRequest(reason))
 
     def _run_split(self, items: list[_Seq]) -> None:
         """Run one batch; on an exception split it in halves and retry, down to single sequences."""
@@ -392,7 +586,11 @@ class Engine:
                 it.req.started = t0
         try:
             self._test_hooks(items)
-            outs = self.pipeline.run_batch(self.model, [it.seq for it in items], self.settings.precision)
+            seqs = [it.seq for it in items]
+            if self.settings.row_tokens:
+                outs = self.pipeline.run_batch(self.model, seqs, self.settings.precision, self.settings.row_tokens)
+            else:
+                outs = self.pipeline.run_batch(self.model, seqs, self.settings.precision)
             if len(outs) != len(items):
                 raise RuntimeError(f"run_batch returned {len(outs)} outputs for {len(items)} sequences")
         except Exception as e:
@@ -421,11 +619,21 @@ class Engine:
             req.model_ms += elapsed_ms
 
     def _test_hooks(self, items: list[_Seq]) -> None:
-        """TEST ONLY (see TEST_DELAY_ENV / TEST_FAIL_ENV): a slow device, a batch that raises."""
+        """TEST ONLY (see the TEST_*_ENV variables): a slow device, a batch that raises, a batch that
+        kills the process, a device that runs out of memory above a batch size."""
         if self._test_delay_s:
             time.sleep(self._test_delay_s)
+        if self._test_crash_prefix and any(it.req.rid.startswith(self._test_crash_prefix) for it in items):
+            log.critical("test hook: a crashing request in this batch; exiting with %d", TEST_CRASH_EXIT)
+            logging.shutdown()
+            os._exit(TEST_CRASH_EXIT)
         if self._test_fail_prefix and any(it.req.rid.startswith(self._test_fail_prefix) for it in items):
             raise RuntimeError("test hook: simulated CUDA out of memory")
+        padded = max(it.tokens for it in items) * len(items)
+        if self._test_oom_tokens and padded > self._test_oom_tokens:
+            torch = sys.modules.get("torch")
+            oom = getattr(torch, "OutOfMemoryError", RuntimeError) if torch is not None else RuntimeError
+            raise oom(f"CUDA out of memory (test hook: a batch of {padded} padded tokens > {self._test_oom_tokens})")
 
     def _finish(self, req: _Request) -> tuple[RowResult, dict[str, Any] | None]:
         """(CPU thread) decode a row whose sequences all ran."""
@@ -479,6 +687,7 @@ class Engine:
             self._to_store = items + self._to_store
             self._store_after = self.clock() + _STORE_RETRY_S
             return
+        self._forget_attempts([rid for _, rid, _, _ in items if rid in self._attempted])
         touched = []
         for msg, rid, _, status in items:
             msg.pending.discard(rid)
@@ -507,7 +716,10 @@ class Engine:
         msg.delivery.ack()
 
     def _return_all(self) -> None:
-        """Give every message not yet acked back to its queue (warm stop ran out of time)."""
+        """Give every message not yet acked back to its queue (warm stop ran out of time). Their
+        attempts are uncounted: a request handed back alive is no suspect."""
+        returned = [rid for msg in self._messages if not msg.finalized for rid in msg.pending]
+        self._uncount_attempts([rid for rid in returned if rid in self._attempted])
         for msg in list(self._messages):
             with self._lock:
                 if msg.finalized:
@@ -580,7 +792,10 @@ def measure_worst_batch_s(model: Any, settings: EngineSettings, pipeline: Any = 
     times = []
     for _ in range(2):
         t0 = time.perf_counter()
-        pipeline.run_batch(model, batch, settings.precision)
+        if settings.row_tokens:
+            pipeline.run_batch(model, batch, settings.precision, settings.row_tokens)
+        else:
+            pipeline.run_batch(model, batch, settings.precision)
         _synchronize(model)
         times.append(time.perf_counter() - t0 + delay)
     log.info(

@@ -10,6 +10,8 @@ RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend prefix: Asy
 CHUNK_PREFIX = "chunk-"  # message id of a bulk chunk; each row is answered under its own id
 QUEUE_PREFIX = "vela2."
 BACKFILL_SUFFIX = ".backfill"
+DEAD_SUFFIX = ".dead"
+ATTEMPTS_PREFIX = "vela2:attempts:"  # INCR per delivery that starts running a request; deleted once answered
 
 # kombu's Redis transport keeps delivered, not yet acknowledged messages here (its defaults).
 UNACKED_KEY = "unacked"
@@ -31,9 +33,18 @@ def backfill_queue(model_name: str) -> str:
     return f"{QUEUE_PREFIX}{model_name}{BACKFILL_SUFFIX}"
 
 
-def dead_queue(model_name: str) -> str:
-    """The dead-letter list of a model (reserved for messages no worker can decode)."""
-    return f"{QUEUE_PREFIX}{model_name}.dead"
+def dead_letter(model_name: str) -> str:
+    """The dead-letter list of a model: a JSON entry per poison request (one that was running each
+    time a worker died, max_attempts times), newest first. Not a queue any worker consumes."""
+    return f"{QUEUE_PREFIX}{model_name}{DEAD_SUFFIX}"
+
+
+dead_queue = dead_letter  # the earlier name
+
+
+def attempts_key(request_id: str) -> str:
+    """The counter of deliveries in which a request started running (`vela2:attempts:<id>`)."""
+    return ATTEMPTS_PREFIX + request_id
 
 
 def queues(model_name: str) -> list[str]:

@@ -110,12 +110,9 @@ class Metrics:
 
     def padded_tokens(self, tokens: list[int]) -> int:
         """Padded size of a batch of sequences of these lengths, as run_batch lays it out."""
-        if not self.row_tokens:
-            return max(tokens) * len(tokens)
-        from vela2.pipeline import plan_rows
+        from vela2.pipeline import padded_tokens
 
-        rows = plan_rows(tokens, self.row_tokens)
-        return len(rows) * max(sum(tokens[i] for i in row) for row in rows)
+        return padded_tokens(tokens, self.row_tokens or None)
 
     def observe_batch(self, tokens: list[int], ok: bool) -> None:
         """One batch over sequences of these lengths."""

@@ -99,8 +99,8 @@ def configs(demo_model):
     base = demo_model.config
     return [
         base,
-        dataclasses.replace(base, max_window_tokens=56, window_overlap_words=3),
-        dataclasses.replace(base, max_window_tokens=72, window_overlap_words=0),
+        dataclasses.replace(base, max_window_tokens=56, window_overlap_words=3, window_block_reserve_tokens=0),
+        dataclasses.replace(base, max_window_tokens=72, window_overlap_words=0, window_block_reserve_tokens=0),
     ]
 
 

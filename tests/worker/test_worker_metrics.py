@@ -69,4 +69,4 @@ def test_metrics_endpoint_of_a_real_worker(redis_url, start_worker):
 def test_padding_fraction_follows_the_row_layout():
     assert Metrics().padded_tokens([100, 50, 50]) == 300
     assert Metrics(row_tokens=200).padded_tokens([100, 50, 50]) == 200  # one row of 200
-    assert Metrics(row_tokens=120).padded_tokens([100, 50, 50]) == 2 * 100  # rows [100] and [50, 50]
+    assert Metrics(row_tokens=120).padded_tokens([100, 50, 50]) == 2 * 120  # rows [100] and [50, 50]

@@ -1,0 +1,214 @@
+"""Poison requests: a request that kills its worker process every time ends, after max_attempts
+deliveries, as a "poison" error answer and an entry in the dead-letter list `vela2.<model>.dead`,
+never in an endless redelivery loop; innocent requests that shared its batches are answered.
+
+Unit tests: the engine with a fake pipeline on fakeredis (attempt counters seeded by hand).
+Integration: real redis-server, real worker processes with the test-only crash hook and a short
+visibility timeout, and a supervisor loop in the test restarting the worker after every crash.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import fakeredis
+import pytest
+
+from producer.client import Client
+from producer.messages import build_message, read_results
+from vela2.calibration import Calibration
+from vela2.pipeline import pack
+from vela2.schemas import Answer, RowResult, Status, parse_row
+from worker.engine import TEST_CRASH_ENV, TEST_CRASH_EXIT, Delivery, Engine, EngineSettings
+from worker.keys import UNACKED_KEY, attempts_key, dead_letter, online_queue
+from worker.results import ResultStore
+
+MODEL = "vela2-demo"
+TEXT = "Alice from Acme wrote to the support team about order 4471 and asked whether the refund was sent."
+
+
+def row(rid: str, words: int = 8) -> dict[str, Any]:
+    text = " ".join(f"w{i}" for i in range(words))
+    return {"id": rid, "task": "choice:boolq", "text": text, "questions": [{"options": ["yes", "no"]}]}
+
+
+@dataclass
+class Pipeline:
+    """A fake model: one sequence per 20 words; records every batch and the attempt counters it saw."""
+
+    redis: Any
+    batches: list[list[str]] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    pack = staticmethod(pack)
+
+    def prepare(self, model, obj):
+        r = parse_row(obj)
+        n = max(1, -(-len(r.text.split()) // 20))
+        return SimpleNamespace(row=r, sequences=[SimpleNamespace(rid=r.id, num_tokens=30) for _ in range(n)])
+
+    def run_batch(self, model, sequences, precision):
+        with self.lock:
+            self.batches.append([s.rid for s in sequences])
+            for s in sequences:
+                self.counters[s.rid] = int(self.redis.get(attempts_key(s.rid)) or 0)
+        return [None] * len(sequences)
+
+    def finish(self, model, prep, outputs, timings):
+        r = prep.row
+        answers = [Answer(question=0, task=r.task, probs={"yes": 1.0, "no": 0.0})]
+        return RowResult(id=r.id, task=r.task, status=Status.ok, answers=answers, timings=timings)
+
+
+def run_engine(redis, rows: list[dict], **settings) -> tuple[Engine, Pipeline, list[str]]:
+    """Deliver `rows` (one message each) to a fresh engine, wait until all are acked, stop it."""
+    pipe = Pipeline(redis)
+    engine = Engine(
+        SimpleNamespace(name="fake", calibration=Calibration()),
+        ResultStore(redis),
+        EngineSettings(**{"max_batch_tokens": 4096, "max_wait_ms": 20.0, "render_threads": 1, **settings}),
+        pipeline=pipe,
+    )
+    engine.start()
+    acked: list[str] = []
+    for r in rows:
+        msg = build_message([r], "vela2.fake")
+        env = json.loads(msg.payload)
+        engine.submit(
+            Delivery(env["headers"], base64.b64decode(env["body"]), ack=lambda i=msg.id: acked.append(i), reject=None)
+        )
+    deadline = time.monotonic() + 20
+    while len(acked) < len(rows):
+        assert time.monotonic() < deadline, f"{acked} acked of {len(rows)}"
+        time.sleep(0.01)
+    engine.stop(5.0)
+    return engine, pipe, acked
+
+
+@pytest.fixture
+def redis():
+    r = fakeredis.FakeRedis()
+    yield r
+    r.flushall()
+
+
+def test_first_attempts_are_counted_then_forgotten(redis):
+    engine, pipe, _ = run_engine(redis, [row(f"r{i}") for i in range(6)])
+    assert pipe.counters == {f"r{i}": 1 for i in range(6)}  # counted before the batch ran
+    assert len(pipe.batches) == 1  # nobody is a suspect: one batch
+    assert not redis.keys(attempts_key("*"))  # deleted once the results were stored
+    assert engine.stats.retried_alone == 0 and engine.stats.dead_lettered == 0
+
+
+def test_a_request_whose_earlier_attempt_died_runs_alone(redis):
+    redis.set(attempts_key("s"), 1)  # an earlier delivery was running when its worker died
+    engine, pipe, _ = run_engine(redis, [row("a"), row("s", words=50), row("b")], max_wait_ms=300.0)
+    assert sorted(pipe.batches[0]) == ["a", "b"]  # the others went first, together
+    assert pipe.batches[1:] == [["s"], ["s"], ["s"]]  # each of its three sequences alone
+    assert pipe.counters["s"] == 2
+    got = read_results(redis, ["a", "b", "s"])
+    assert all(v is not None and v.status == Status.ok for v in got.values())
+    assert not redis.keys(attempts_key("*"))
+    assert engine.stats.retried_alone == 1
+
+
+def test_a_request_past_max_attempts_is_dead_lettered_not_run(redis):
+    redis.set(attempts_key("p"), 3)
+    engine, pipe, acked = run_engine(redis, [row("ok"), row("p")], max_attempts=3)
+    assert all("p" not in b for b in pipe.batches)
+    got = read_results(redis, ["ok", "p"])
+    assert got["ok"].status == Status.ok
+    assert got["p"].status == Status.error and got["p"].error.type == "poison"
+    assert got["p"].error.message == "request crashed the worker 3 times; moved to vela2.fake.dead"
+    (entry,) = [json.loads(x) for x in redis.lrange(dead_letter("fake"), 0, -1)]
+    assert entry["id"] == "p" and entry["attempts"] == 3 and entry["request"]["id"] == "p"
+    assert "crashed the worker 3 times" in entry["reason"]
+    assert sorted(acked) == ["ok", "p"]
+    assert not redis.keys(attempts_key("*"))
+    assert engine.stats.dead_lettered == 1
+
+
+def test_a_warm_stop_gives_back_the_attempts_of_what_it_returns(redis):
+    gate = threading.Event()
+
+    class Slow(Pipeline):
+        def run_batch(self, model, sequences, precision):
+            gate.wait(5)
+            return super().run_batch(model, sequences, precision)
+
+    pipe = Slow(redis)
+    engine = Engine(
+        SimpleNamespace(name="fake", calibration=Calibration()),
+        ResultStore(redis),
+        EngineSettings(max_batch_tokens=30, max_wait_ms=0.0, render_threads=1),
+        pipeline=pipe,
+    )
+    engine.start()
+    rejected: list[bool] = []
+    msg = build_message([row("long", words=60)], "vela2.fake")  # three sequences, one per batch
+    env = json.loads(msg.payload)
+    engine.submit(Delivery(env["headers"], base64.b64decode(env["body"]), ack=lambda: None, reject=rejected.append))
+    deadline = time.monotonic() + 10
+    while not redis.exists(attempts_key("long")):
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    threading.Timer(0.3, gate.set).start()  # the running batch ends while the stop is under way
+    engine.stop(0.0)  # no time to finish: the message goes back
+    assert rejected == [True]
+    assert not redis.exists(attempts_key("long"))  # returned alive: no earlier attempt died
+
+
+# --- the real thing: crashing worker processes, restarted by a supervisor ----------------------
+
+
+@pytest.mark.integration
+def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(redis_url, start_worker):
+    # A short visibility timeout (a crashed worker's messages come back soon) that still passes the
+    # start-up check on a busy runner: 2 buffered messages, one window per batch.
+    settings = {"visibility_timeout_s": 10, "max_buffered": 2, "max_batch_tokens": 768, "max_wait_ms": 50}
+    env = {TEST_CRASH_ENV: "poison-"}
+    client = Client(redis_url, model=MODEL)
+    r = client.redis
+    rows = [
+        {"id": f"good-{i}", "task": "choice:boolq", "text": f"{TEXT} {i}", "questions": [{"options": ["yes", "no"]}]}
+        for i in range(6)
+    ]
+    rows.insert(2, {**rows[0], "id": "poison-1"})
+    ids = client.submit_many(rows)
+
+    exits: list[int] = []
+    worker = start_worker(redis_url, env=env, **settings)
+    deadline = time.monotonic() + 240
+    while True:  # the supervisor: restart the worker whenever it dies
+        got = read_results(r, ids)
+        if all(v is not None for v in got.values()):
+            break
+        assert time.monotonic() < deadline, f"exits {exits}; missing {[k for k, v in got.items() if v is None]}"
+        if worker.proc.poll() is not None:
+            exits.append(worker.proc.returncode)
+            assert exits[-1] == TEST_CRASH_EXIT, f"worker exited with {exits[-1]}:\n{worker.log()[-3000:]}"
+            assert len(exits) <= 3, f"crash loop: {exits}\n{worker.log()[-3000:]}"
+            worker = start_worker(redis_url, env=env, **settings)
+        time.sleep(0.1)
+
+    assert exits == [TEST_CRASH_EXIT] * 3  # the poison ran three times, then never again
+    poison = got.pop("poison-1")
+    assert poison.status == Status.error and poison.error.type == "poison"
+    assert poison.error.message == f"request crashed the worker 3 times; moved to {dead_letter(MODEL)}"
+    assert all(v.status == Status.ok for v in got.values())  # innocent company was answered
+    entries = [json.loads(x) for x in r.lrange(dead_letter(MODEL), 0, -1)]
+    assert [e["id"] for e in entries] == ["poison-1"] and entries[0]["request"]["text"] == rows[0]["text"]
+    deadline = time.monotonic() + 30
+    while r.llen(online_queue(MODEL)) or r.hlen(UNACKED_KEY):  # every message acked
+        assert time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.05)
+    assert not r.keys(attempts_key("*"))
+    assert worker.terminate() == 0
+    assert "1 dead-lettered" in worker.log()
+    client.close()
