@@ -55,6 +55,7 @@ from producer.messages import build_message
 from vela2.errors import LimitExceeded
 from worker import keys
 from worker.app import ENV
+from worker.demo import worker_command
 from worker.engine import TEST_CRASH_ENV, TEST_DELAY_ENV, TEST_FAIL_ENV, TEST_OOM_ENV
 
 log = logging.getLogger("bench.reliability")
@@ -291,21 +292,7 @@ class Suite:
         environ.update(env or {})
         environ["PYTHONPATH"] = str(ROOT) + os.pathsep + environ.get("PYTHONPATH", "")
         log_path = self.workdir / f"{name}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "worker.app",
-            "worker",
-            "--loglevel",
-            "INFO",
-            "--without-mingle",
-            "--without-gossip",
-            "--without-heartbeat",
-            "--hostname",
-            f"{name}@%h",
-        ]
+        cmd = worker_command(f"{name}@%h")
         with open(log_path, "wb") as out:
             proc = subprocess.Popen(cmd, env=environ, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         w = WorkerProc(name, proc, log_path, port)

@@ -100,6 +100,12 @@ def embedded_redis(workdir: Path) -> Iterator[tuple[str, str]]:
         server.server_close()
 
 
+def worker_command(hostname: str) -> list[str]:
+    """The command line of a worker process configured by VELA2_* variables (`celery -A worker.app`)."""
+    return [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "--loglevel", "INFO",
+            "--without-mingle", "--without-gossip", "--without-heartbeat", "--hostname", hostname]
+
+
 def start_worker(redis_url: str, checkpoint: str | Path, log_path: Path, **settings: Any) -> subprocess.Popen:
     """Start `python -m celery -A worker.app worker` with VELA2_* settings; output to log_path."""
     env = dict(os.environ)
@@ -107,21 +113,7 @@ def start_worker(redis_url: str, checkpoint: str | Path, log_path: Path, **setti
     env[ENV["checkpoint"]] = str(checkpoint)
     for name, value in settings.items():
         env[ENV[name]] = str(value)
-    cmd = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "worker.app",
-        "worker",
-        "--loglevel",
-        "INFO",
-        "--without-mingle",
-        "--without-gossip",
-        "--without-heartbeat",
-        "--hostname",
-        "vela2-demo@%h",
-    ]
+    cmd = worker_command("vela2-demo@%h")
     with open(log_path, "wb") as log_file:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
 

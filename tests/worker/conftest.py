@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from worker.app import ENV
+from worker.demo import worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 120.0  # import + model load + warm-up batches on a busy 2-core runner
@@ -78,21 +78,7 @@ def start_worker(tmp_path: Path, demo_dir: Path) -> Iterator[Callable[..., Worke
         environ.update(env or {})
         environ["PYTHONPATH"] = str(ROOT)
         log_path = tmp_path / f"{name}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "worker.app",
-            "worker",
-            "--loglevel",
-            "INFO",
-            "--without-mingle",
-            "--without-gossip",
-            "--without-heartbeat",
-            "--hostname",
-            f"{name}@%h",
-        ]
+        cmd = worker_command(f"{name}@%h")
         with open(log_path, "wb") as out:
             proc = subprocess.Popen(cmd, env=environ, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         w = WorkerProcess(name, proc, log_path)
