@@ -63,6 +63,7 @@ ENV = {
     "attn": "VELA2_ATTN",
     "random_weights": "VELA2_RANDOM_WEIGHTS",
     "max_attempts": "VELA2_MAX_ATTEMPTS",
+    "task_events": "VELA2_TASK_EVENTS",
 }
 
 
@@ -88,6 +89,7 @@ class WorkerSettings:
     attn: str = "sdpa"  # attention backend: sdpa (dense tree mask) | flex (block-sparse, compiled)
     random_weights: int = 0  # 1: seeded random weights instead of the stored ones (benchmarks only)
     max_attempts: int = 3  # deliveries a request may crash a worker in before it is dead-lettered
+    task_events: int = 0  # 1: send Celery task events for Flower (also on with `celery worker -E`)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> WorkerSettings:
@@ -205,8 +207,39 @@ class ScoreTask(Task):
         return on_message
 
 
-def build_engine(settings: WorkerSettings) -> Engine:
-    """Load the model once, measure the worst batch, check the visibility timeout, start the engine."""
+class TaskEvents:
+    """Celery task events (task-received / task-started / task-succeeded / task-failed) for every
+    stored result, so Flower and `celery events` see the requests the engine answers (our Strategy
+    bypasses Celery's own request objects, which would send them). Sent from the engine thread on a
+    dispatcher that thread owns."""
+
+    def __init__(self, app: Celery, hostname: str):
+        self.app = app
+        self.hostname = hostname
+        self._dispatcher: Any = None
+
+    def __call__(self, stored: list[tuple[str, str, dict[str, Any]]]) -> None:
+        if self._dispatcher is None:
+            self._dispatcher = self.app.events.Dispatcher(self.app.connection_for_write(), hostname=self.hostname,
+                                                          enabled=True)
+        send = self._dispatcher.send
+        for rid, status, meta in stored:
+            answer = meta.get("vela2") or {}
+            timings = answer.get("timings") or {}
+            send("task-received", uuid=rid, name=keys.TASK_NAME, args="", kwargs="", retries=0, eta=None,
+                 root_id=rid, parent_id=None)
+            send("task-started", uuid=rid)
+            if status == "error":
+                err = answer.get("error") or {}
+                send("task-failed", uuid=rid, exception=f"{err.get('type')}: {err.get('message')}", traceback="")
+            else:
+                send("task-succeeded", uuid=rid, result=status,
+                     runtime=round(sum(v for k, v in timings.items() if k != "queue_ms") / 1e3, 6))
+
+
+def build_engine(settings: WorkerSettings, app: Celery | None = None, hostname: str = "vela2") -> Engine:
+    """Load the model once, measure the worst batch, check the visibility timeout, start the engine.
+    With `app`, Celery task events are sent for every stored result (Flower, `celery events`)."""
     import redis
     import torch
 
@@ -240,7 +273,8 @@ def build_engine(settings: WorkerSettings) -> Engine:
                             redis=client, queues=keys.queues(model.name))
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
-    engine = Engine(model, store, engine_settings, metrics=metrics)
+    events = TaskEvents(app, hostname) if app is not None else None
+    engine = Engine(model, store, engine_settings, metrics=metrics, on_stored=events)
     engine.start()
     log.info(
         "vela2 engine ready: model %s on %s (%s), max_batch_tokens %d, max_wait_ms %g, worst batch %.3f s, "
@@ -274,7 +308,8 @@ class EngineStep(bootsteps.StartStopStep):
 
     def start(self, w: Any) -> None:
         settings: WorkerSettings = w.app.vela2_settings
-        self.engine = build_engine(settings)
+        # w.task_events: `celery worker -E` or worker_send_task_events (VELA2_TASK_EVENTS=1)
+        self.engine = build_engine(settings, w.app if getattr(w, "task_events", False) else None, w.hostname)
         w.app.vela2_engine = self.engine
 
     def stop(self, w: Any) -> None:
@@ -313,6 +348,7 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
         broker_transport_options=settings.transport_options(),
         broker_connection_retry_on_startup=True,
         result_expires=settings.result_expires_s,
+        worker_send_task_events=bool(settings.task_events),
         task_queues=[Queue(q, routing_key=q) for q in queues] or None,
         task_default_queue=queues[0] if queues else "celery",
         task_create_missing_queues=True,

@@ -179,6 +179,7 @@ class Engine:
         pipeline: Any = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_stored: Callable[[list[tuple[str, str, dict[str, Any]]]], None] | None = None,
     ):
         if pipeline is None:
             import vela2.pipeline as pipeline  # the model stack; tests inject a fake
@@ -187,6 +188,7 @@ class Engine:
         self.settings = settings
         self.pipeline = pipeline
         self.metrics = metrics or Metrics()
+        self.on_stored = on_stored  # called in the engine thread with (id, status, meta) of stored results
         self.clock = clock
         self.stats = EngineStats()
         row_tokens = settings.row_tokens or None
@@ -688,6 +690,11 @@ class Engine:
             self._store_after = self.clock() + _STORE_RETRY_S
             return
         self._forget_attempts([rid for _, rid, _, _ in items if rid in self._attempted])
+        if self.on_stored is not None:
+            try:
+                self.on_stored([(rid, status, meta) for _, rid, meta, status in items])
+            except Exception as e:  # monitoring must never hold up acks
+                log.warning("on_stored hook failed: %s", e)
         touched = []
         for msg, rid, _, status in items:
             msg.pending.discard(rid)
