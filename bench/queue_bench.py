@@ -187,10 +187,12 @@ def redis_server(workdir: Path, url: str | None = None) -> Iterator[tuple[str, s
         _wait_for_redis(url)
         yield url, f"given ({url})", None
         return
+    from worker.demo import redis_server_command as redis_args
+
     exe, env = redis_server_command()
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)]
+    cmd = redis_args(exe, port, workdir)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=_die_with_parent)
     try:

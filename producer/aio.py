@@ -22,7 +22,15 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, pack_messages, prepare_many, prepare_request, queue_name
+from producer.client import (
+    DEFAULT_MODEL,
+    DEFAULT_REDIS_URL,
+    pack_messages,
+    prepare_many,
+    prepare_request,
+    queue_commands,
+    queue_name,
+)
 from producer.messages import (
     DEFAULT_SUBMITTED_TTL_S,
     Message,
@@ -149,11 +157,7 @@ class AsyncClient:
 
     async def _push(self, messages: list[Message]) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        for m in messages:
-            if self.track_submitted:
-                for rid in m.request_ids:
-                    pipe.set(submitted_key(rid), m.queue, ex=self.submitted_ttl_s)
-            pipe.lpush(m.queue, m.payload)
+        queue_commands(pipe, messages, self.submitted_ttl_s if self.track_submitted else None)
         await pipe.execute()
 
     async def submit(

@@ -135,6 +135,16 @@ def queue_name(model: str, *, backfill: bool = False) -> str:
     return keys.backfill_queue(model) if backfill else keys.online_queue(model)
 
 
+def queue_commands(pipe: Any, messages: list[Message], submitted_ttl_s: int | None) -> None:
+    """Add the LPUSH of every message to a (sync or asyncio) pipeline, each preceded by its requests'
+    submitted markers when `submitted_ttl_s` is set."""
+    for m in messages:
+        if submitted_ttl_s is not None:
+            for rid in m.request_ids:
+                pipe.set(submitted_key(rid), m.queue, ex=submitted_ttl_s)
+        pipe.lpush(m.queue, m.payload)
+
+
 class Client:
     """Submit requests and read results over one Redis connection pool."""
 
@@ -165,11 +175,7 @@ class Client:
     def _push(self, messages: list[Message]) -> None:
         """LPUSH every message (and the submitted markers) in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        for m in messages:
-            if self.track_submitted:
-                for rid in m.request_ids:
-                    pipe.set(submitted_key(rid), m.queue, ex=self.submitted_ttl_s)
-            pipe.lpush(m.queue, m.payload)
+        queue_commands(pipe, messages, self.submitted_ttl_s if self.track_submitted else None)
         pipe.execute()
 
     def submit(

@@ -32,6 +32,7 @@ import redis  # noqa: E402
 import producer  # noqa: E402,F401
 import vela2  # noqa: E402,F401
 import worker  # noqa: E402,F401
+from worker.demo import redis_server_command  # noqa: E402
 
 
 def free_port() -> int:
@@ -83,19 +84,7 @@ def redis_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
         workdir = tmp_path_factory.mktemp("redis")
         port = free_port()
         proc = subprocess.Popen(
-            [
-                exe,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(workdir),
-            ],
+            redis_server_command(exe, port, workdir),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -56,6 +56,12 @@ def _wait_for_redis(url: str, timeout_s: float = 10.0) -> None:
             client.close()
 
 
+def redis_server_command(exe: str, port: int, workdir: str | Path) -> list[str]:
+    """A throwaway redis-server on a loopback port: no RDB snapshots, no AOF, files in `workdir`."""
+    return [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(workdir)]
+
+
 @contextlib.contextmanager
 def embedded_redis(workdir: Path) -> Iterator[tuple[str, str]]:
     """Yield (redis URL, what it is): redis-server if installed, else fakeredis' TCP server."""
@@ -64,19 +70,7 @@ def embedded_redis(workdir: Path) -> Iterator[tuple[str, str]]:
     exe = shutil.which("redis-server")
     if exe:
         proc = subprocess.Popen(
-            [
-                exe,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(workdir),
-            ],
+            redis_server_command(exe, port, workdir),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
