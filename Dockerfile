@@ -19,6 +19,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY vela2 ./vela2
 COPY worker ./worker
 COPY producer ./producer
+COPY stack ./stack
 
 # constraints.txt pins the tested versions of everything else; its torch line (the CPU CI pin) is
 # replaced by the image's torch, so pip keeps the installed CUDA build instead of downloading one.

@@ -23,7 +23,8 @@ demo: $(DEMO_CKPT)/config.json
 	$(VELA2) demo --checkpoint $(DEMO_CKPT)
 
 lint: install
-	$(VENV)/bin/ruff check vela2 worker producer bench tests
+	$(VENV)/bin/ruff check vela2 worker producer stack bench tests
+	$(VENV)/bin/mypy
 
 test: lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider

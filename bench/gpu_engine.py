@@ -235,7 +235,7 @@ def batch_padded(lengths: list[int], batch: list[int], row_tokens: int | None = 
     Under flex, rows are at least row_tokens long, rounded up to whole 128-token tiles (Vela2Model.encode).
     """
     from vela2.attention import padded_length
-    from vela2.pipeline import plan_rows
+    from vela2.packing import plan_rows
 
     sub = [lengths[i] for i in batch]
     rows = [[k] for k in range(len(sub))] if row_tokens is None else plan_rows(sub, row_tokens)
@@ -337,7 +337,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
     import vela2
     import vela2.attention
-    from vela2.pipeline import pack
+    from vela2.packing import pack
 
     device = torch.device(args.device)
     arms = set(args.arms.split(","))
@@ -482,7 +482,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def bundling_arm(model, rows: list[dict], args: argparse.Namespace, non_embedding: int,
                  peak_flops: float) -> dict[str, Any]:
     """Multi-question rows bundled (one sequence per window) vs every question as its own row."""
-    from vela2.pipeline import pack
+    from vela2.packing import pack
 
     bundled_rows = [r for r in rows if is_bundle(r)]
     if not bundled_rows:

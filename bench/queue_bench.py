@@ -5,12 +5,13 @@ and against plain Celery.
     python -m bench.queue_bench gpu   --out bench/results/gpu-queue.json     # one GPU: engine vs queue, latency
     python -m bench.queue_bench multi --out bench/results/gpu-multi.json     # 1, 2 (, 4) workers, one per GPU
 
-Every subcommand starts what it needs: a redis-server on a free loopback port with no persistence
-(from PATH, else /tmp/redis/usr/bin/redis-server as unpacked by shared/device/setup.sh; or
-`--redis-url` to use a running one), and its worker processes (`celery -A worker.app worker`
-configured by VELA2_* variables, started through `python -m bench.queue_bench _worker`, which adds
-an optional per-thread CPU profile). Ids are fresh per phase (a worker skips ids that already
-have a result), so a shared Redis never answers a run from an earlier one.
+Every subcommand starts what it needs through the process harness (stack.harness): a redis-server
+on a free loopback port with no persistence (from PATH, else /tmp/redis/usr/bin/redis-server as
+unpacked by shared/device/setup.sh; or `--redis-url` to use a running one), and its worker
+processes (`celery -A worker.app worker` configured by VELA2_* variables, started through
+`python -m bench.queue_bench _worker`, which adds an optional per-thread CPU profile). Ids are
+fresh per phase (a worker skips ids that already have a result), so a shared Redis never answers a
+run from an earlier one.
 
 cpu    Backfill rows/s of N short rows (8-50 words, one question each: the queue path, not the
        model, dominates) submitted with Client.submit_many(backfill=True, chunk_size=C) and
@@ -36,8 +37,8 @@ multi  (b) with 1, then 2 (then 4 when 4 GPUs are there) workers, each pinned to
        (CUDA_VISIBLE_DEVICES=K, --device cuda:0); workers are added between runs, not restarted.
        Every id must be answered exactly once with status ok (lost = no result or not ok);
        answers_changed compares each run's stored results with a re-read at the end (a
-       redelivered request must not change a stored answer); the workers' shutdown summaries give
-       how many requests they scored in all (answered_twice = scored - submitted).
+       redelivered request must not change a stored answer); the workers' engine stats (their JSON
+       stats lines at shutdown) give how many requests they scored in all (answered_twice = scored - submitted).
        --share-gpu: all workers on one device (one GPU, or the CPU) to exercise the code path.
 
 Tiny shapes run everything on a CPU (what tests/bench/test_queue_bench.py does):
@@ -60,12 +61,9 @@ import logging
 import os
 import platform
 import pstats
-import re
 import shlex
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -73,16 +71,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from stack.harness import READY_TIMEOUT_S, RedisServer, WorkerProcess, wait_for_redis
 
 log = logging.getLogger("bench.queue_bench")
 
 ROOT = Path(__file__).resolve().parents[1]
-FALLBACK_REDIS = Path("/tmp/redis/usr/bin/redis-server")  # where shared/device/setup.sh unpacks it
-FALLBACK_REDIS_LIBS = "/tmp/redis/usr/lib/x86_64-linux-gnu"
-READY_TIMEOUT_S = 300.0  # import + model build + the worker's warm-up batches (9B on a GPU, or a busy CPU)
 EXIT_MARGIN_S = 40.0  # time kept back from --deadline-s to stop the workers and write the JSON
 PLAIN_QUEUE = "queue_bench.plain"  # the plain Celery app's queue (apart from every vela2 queue)
 PLAIN_TASK = "queue_bench.noop"
@@ -91,7 +87,6 @@ SHORT_GROUPS = ("choice:massive", "span:multiconer", "choice:snli", "choice:arc"
 # The cpu subcommand's rows: one question each (choice, score, span), 8-50 words, ~140-180 demo tokens.
 CPU_GROUPS = ("choice:snli", "score:jsts", "score:klue_sts", "span:multiconer")
 TARGETS = {"ratio_vs_plain_celery": 3.0, "ratio_vs_engine": 0.9, "scaling_2x": 1.9}
-_ENGINE_SUMMARY = re.compile(r"engine stopped: (answered (\d+) requests .*?skipped (\d+) duplicates.*)")
 
 
 def _now() -> float:
@@ -140,179 +135,58 @@ def cpu_meter(pids: dict[str, list[int | None]], into: dict[str, Any]) -> Iterat
                            if b is not None and (a := after[k]) is not None}
 
 
-# --- redis-server --------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def redis_server_command() -> tuple[str, dict[str, str]]:
-    """(redis-server executable, environment): from PATH, else the one shared/device/setup.sh unpacks."""
-    exe = shutil.which("redis-server")
-    env = dict(os.environ)
-    if exe:
-        return exe, env
-    if FALLBACK_REDIS.is_file():
-        env["LD_LIBRARY_PATH"] = f"{FALLBACK_REDIS_LIBS}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":")
-        return str(FALLBACK_REDIS), env
-    raise RuntimeError(f"no redis-server on PATH nor at {FALLBACK_REDIS}; install one or pass --redis-url")
-
-
-def _wait_for_redis(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 10.0) -> None:
-    import redis
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        client = redis.Redis.from_url(url)
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
-                raise RuntimeError(f"redis at {url} did not answer within {timeout_s:g} s") from None
-            time.sleep(0.05)
-        finally:
-            client.close()
+# --- redis-server and worker processes (stack.harness) --------------------------------------------
 
 
 @contextlib.contextmanager
-def redis_server(workdir: Path, url: str | None = None) -> Iterator[tuple[str, str, int | None]]:
-    """Yield (redis URL, what it is, its pid or None): `url` as given, else a fresh redis-server on a
-    free loopback port (no RDB, no AOF), stopped on exit."""
+def bench_redis(workdir: Path, url: str | None = None) -> Iterator[tuple[str, str, int | None]]:
+    """Yield (redis URL, what it is, its pid or None): `url` as given, else a fresh redis-server
+    (stack.harness.RedisServer: a free loopback port, no RDB, no AOF), stopped on exit."""
     if url:
-        _wait_for_redis(url)
+        wait_for_redis(url)
         yield url, f"given ({url})", None
         return
-    from worker.demo import redis_server_command as redis_args
-
-    exe, env = redis_server_command()
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    cmd = redis_args(exe, port, workdir)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent)
-    try:
-        _wait_for_redis(url, proc)
-        yield url, f"redis-server ({exe}) on 127.0.0.1:{port}, no persistence", proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with RedisServer(workdir / "redis") as server:
+        pid = server.proc.pid if server.proc is not None else None
+        yield server.url(), f"redis-server ({server.exe}) on 127.0.0.1:{server.port}, no persistence", pid
 
 
-# --- worker processes ----------------------------------------------------------------------------
-
-
-@dataclass
-class WorkerProc:
-    """One worker subprocess (a vela2 worker or the plain Celery one) and its log file."""
-
-    name: str
-    proc: subprocess.Popen
-    log_path: Path
-    started: float = field(default_factory=_now)
-    ready_s: float | None = None
-    profile_path: Path | None = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> WorkerProc:
-        """Block until Celery logs ` ready.`; RuntimeError with the log tail if it exits first."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if " ready." in self.log():
-                self.ready_s = _now() - self.started
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            time.sleep(0.1)
-        raise RuntimeError(f"worker {self.name} not ready after {timeout_s:.0f} s:\n{self.log()[-4000:]}")
-
-    @staticmethod
-    def stop_all(workers: list[WorkerProc], timeout_s: float = 60.0) -> None:
-        """Warm shutdown of every worker at once (SIGTERM to all, then wait); SIGKILL what is left
-        after timeout_s."""
-        for w in workers:
-            if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for w in workers:
-            try:
-                w.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("worker %s still running %.0f s after SIGTERM; killing it", w.name, timeout_s)
-                w.proc.kill()
-                w.proc.wait()
-
-    def engine_summary(self) -> dict[str, Any] | None:
-        """The engine's shutdown line: requests it answered and duplicate deliveries it skipped."""
-        found = _ENGINE_SUMMARY.findall(self.log())
-        if not found:
-            return None
-        line, answered, duplicates = found[-1]
-        return {"answered": int(answered), "duplicates_skipped": int(duplicates), "summary": line.strip()}
-
-
-def _die_with_parent() -> None:
-    """(preexec_fn, Linux) SIGTERM this child when the bench process dies, so that a killed or crashed
-    bench leaves no worker or redis-server behind."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _child_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VELA2_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env.update(extra)
-    return env
+def _profile_path(w: WorkerProcess) -> Path:
+    """Where `_worker --profile` writes the worker's CPU profile (beside its log)."""
+    return w.log_path.with_name(f"{w.name}.profile.json")
 
 
 def start_vela2_worker(name: str, workdir: Path, settings: dict[str, Any], *, cuda_device: int | None = None,
-                       profile: bool = False, torch_threads: int | None = None) -> WorkerProc:
-    """Start one vela2 worker: `python -m bench.queue_bench _worker` with VELA2_* settings (names as in
-    worker.app.ENV); `cuda_device` pins it to one GPU through CUDA_VISIBLE_DEVICES; `torch_threads`
-    sets OMP_NUM_THREADS (torch's intra-op threads on a CPU)."""
-    from worker.app import ENV
-
-    extra = {ENV[k]: str(v) for k, v in settings.items() if v is not None}
+                       profile: bool = False, torch_threads: int | None = None) -> WorkerProcess:
+    """Start one vela2 worker: `python -m bench.queue_bench _worker` with these settings (flat
+    worker.settings names, redis_url and checkpoint among them); `cuda_device` pins it to one GPU
+    through CUDA_VISIBLE_DEVICES; `torch_threads` sets OMP_NUM_THREADS (torch's intra-op threads on
+    a CPU); `profile` writes its per-thread CPU profile to `_profile_path`."""
+    settings = dict(settings)
+    redis_url, checkpoint = settings.pop("redis_url"), settings.pop("checkpoint")
+    extra: dict[str, str] = {}
     if torch_threads:
         extra["OMP_NUM_THREADS"] = extra["MKL_NUM_THREADS"] = str(torch_threads)
     if cuda_device is not None:
         extra["CUDA_VISIBLE_DEVICES"] = str(cuda_device)
-    log_path = workdir / f"{name}.log"
-    profile_path = workdir / f"{name}.profile.json" if profile else None
     cmd = [sys.executable, "-m", "bench.queue_bench", "_worker", "--hostname", f"{name}@%h"]
-    if profile_path is not None:
-        cmd += ["--profile", str(profile_path)]
-    with open(log_path, "wb") as out:  # the child keeps its own descriptor
-        proc = subprocess.Popen(cmd, env=_child_env(extra), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                preexec_fn=_die_with_parent)
-    log.info("started worker %s (pid %d, %s%s)", name, proc.pid, settings.get("device"),
+    if profile:
+        cmd += ["--profile", str(workdir / f"{name}.profile.json")]
+    w = WorkerProcess.start(redis_url, checkpoint, workdir / f"{name}.log", name=name, env=extra, command=cmd,
+                            **settings)
+    log.info("started worker %s (pid %d, %s%s)", name, w.pid, settings.get("device"),
              "" if cuda_device is None else f", CUDA_VISIBLE_DEVICES={cuda_device}")
-    return WorkerProc(name, proc, log_path, profile_path=profile_path)
+    return w
 
 
-def start_plain_worker(workdir: Path, redis_url: str, pool: str, concurrency: int, prefetch: int) -> WorkerProc:
+def start_plain_worker(workdir: Path, redis_url: str, pool: str, concurrency: int, prefetch: int) -> WorkerProcess:
     """Start the plain Celery worker (the no-op task) with the given pool."""
-    log_path = workdir / "plain.log"
     cmd = [sys.executable, "-m", "bench.queue_bench", "_plain_worker", "--redis-url", redis_url, "--pool", pool,
            "--concurrency", str(concurrency), "--prefetch", str(prefetch), "--hostname", "plain@%h"]
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(cmd, env=_child_env({}), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                preexec_fn=_die_with_parent)
-    log.info("started plain Celery worker (pid %d, pool %s, concurrency %d, prefetch x%d)", proc.pid, pool,
+    w = WorkerProcess.start(redis_url, None, workdir / "plain.log", name="plain", command=cmd)
+    log.info("started plain Celery worker (pid %d, pool %s, concurrency %d, prefetch x%d)", w.pid, pool,
              concurrency, prefetch)
-    return WorkerProc("plain", proc, log_path)
+    return w
 
 
 def plain_app(redis_url: str, prefetch: int = 4) -> Any:
@@ -576,7 +450,7 @@ def latency_run(client: Any, redis_url: str, rows: list[dict[str, Any]], rate_pe
     import numpy as np
     import redis
 
-    from worker.keys import result_key
+    from vela2.wire.keys import result_key
 
     rng = np.random.default_rng(seed)
     sent: dict[str, float] = {}
@@ -762,14 +636,14 @@ def cpu_checkpoint(kind: str, cache_dir: Path) -> tuple[Path, dict[str, Any]]:
     return path, {"random_weights": 1}
 
 
-def _engine_totals(workers: list[WorkerProc]) -> dict[str, Any] | None:
-    """The workers' shutdown summaries added up (None when one is missing)."""
-    found = [w.engine_summary() for w in workers]
+def _engine_totals(workers: list[WorkerProcess]) -> dict[str, Any] | None:
+    """The workers' engine stats (their JSON stats lines) added up (None when one is missing)."""
+    found = [w.engine_stats() for w in workers]
     if any(s is None for s in found):
         return None
     return {"answered": sum(s["answered"] for s in found if s),
-            "duplicates_skipped": sum(s["duplicates_skipped"] for s in found if s),
-            "summaries": [s["summary"] for s in found if s]}
+            "duplicates_skipped": sum(s["duplicates"] for s in found if s),
+            "stats": found}
 
 
 def run_cpu(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
@@ -786,13 +660,13 @@ def run_cpu(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         models[kind] = {"checkpoint": ckpt, "name": Vela2Config.read(ckpt).name, "settings": {**base, **extra}}
     ours: dict[str, list[dict[str, Any]]] = {k: [] for k in models}
     plain: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="queue-bench-") as tmp, _kept_logs(Path(tmp), args), redis_server(
+    with tempfile.TemporaryDirectory(prefix="queue-bench-") as tmp, _kept_logs(Path(tmp), args), bench_redis(
         Path(tmp), args.redis_url
     ) as (url, what, redis_pid):
         work = Path(tmp)
         log.info("redis: %s", what)
-        workers: dict[str, list[WorkerProc]] = {}
-        every: list[WorkerProc] = []  # everything started, stopped in `finally`
+        workers: dict[str, list[WorkerProcess]] = {}
+        every: list[WorkerProcess] = []  # everything started, stopped in `finally`
         clients = {k: Client(url, model=m["name"]) for k, m in models.items()}
         app = plain_app(url, args.celery_prefetch)
         try:
@@ -836,10 +710,10 @@ def run_cpu(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 app.backend.result_consumer.stop()
             app.close()
-            WorkerProc.stop_all(every)
+            WorkerProcess.stop_all(every)
         redis_version = _redis_version(url) if args.redis_url else None
-        profiles = {k: json.loads(ws[0].profile_path.read_text()) for k, ws in workers.items()
-                    if ws[0].profile_path is not None and ws[0].profile_path.is_file()}
+        profiles = {k: json.loads(_profile_path(ws[0]).read_text()) for k, ws in workers.items()
+                    if _profile_path(ws[0]).is_file()}
         engine_stats = {k: _engine_totals(ws) for k, ws in workers.items()}
     best_plain = max(plain, key=lambda r: r["rows_per_s"])
     sides = {}
@@ -963,7 +837,7 @@ def worker_settings(args: argparse.Namespace, url: str, ckpt: Path, device: str)
 
 
 def _worker_supports_row_tokens() -> bool:
-    from worker.engine import EngineSettings
+    from worker.settings import EngineSettings
 
     return "row_tokens" in {f.name for f in dataclasses.fields(EngineSettings)}
 
@@ -975,7 +849,7 @@ def _device_plan(args: argparse.Namespace, k: int) -> tuple[str, int | None]:
     return "cuda:0", k  # one GPU per worker, each seeing only its own as cuda:0
 
 
-def _add_workers(args: argparse.Namespace, work: Path, url: str, ckpt: Path, workers: list[WorkerProc],
+def _add_workers(args: argparse.Namespace, work: Path, url: str, ckpt: Path, workers: list[WorkerProcess],
                  n: int) -> None:
     """Start workers until `n` run (appended to `workers` as they start, so the caller stops them
     whatever happens), then wait until all are ready."""
@@ -1075,10 +949,10 @@ def run_gpu(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             del model  # the workers need the memory
             log.info("engine alone: %d rows in %.2f s = %.2f rows/s", engine["rows"], engine["seconds"],
                      engine["rows_per_s"])
-        with redis_server(work, args.redis_url) as (url, what, _):
+        with bench_redis(work, args.redis_url) as (url, what, _):
             log.info("redis: %s", what)
             client = Client(url, model=model_name)
-            workers: list[WorkerProc] = []
+            workers: list[WorkerProcess] = []
             try:
                 _add_workers(args, work, url, ckpt, workers, args.workers)
                 _queue_warmup(client, rows, args.queue_warmup_rows, args)
@@ -1101,8 +975,8 @@ def run_gpu(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                              lat["latency_p99_ms"], lat["requests"], lat["lost"])
             finally:
                 client.close()
-                WorkerProc.stop_all(workers, min(60.0, max(10.0, _left_s(args) + EXIT_MARGIN_S - 10)))
-            summaries = [w.engine_summary() for w in workers]
+                WorkerProcess.stop_all(workers, min(60.0, max(10.0, _left_s(args) + EXIT_MARGIN_S - 10)))
+            stats = [w.engine_stats() for w in workers]
             ready = [round(w.ready_s or 0, 1) for w in workers]
     queue_path: dict[str, Any] = {**q, "workers": args.workers, "chunk_size": args.chunk_size}
     if engine is not None:
@@ -1129,13 +1003,13 @@ def run_gpu(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "engine": engine,
         "queue_path": queue_path,
         "latency": lat,
-        "workers": {"ready_seconds": ready, "engine_summaries": summaries},
+        "workers": {"ready_seconds": ready, "engine_stats": stats},
         "wall_seconds": round(_now() - t_start, 1),
     }
 
 
 def _snapshot(client: Any, ids: list[str]) -> dict[str, bytes | None]:
-    from worker.keys import result_key
+    from vela2.wire.keys import result_key
 
     out: dict[str, bytes | None] = {}
     for k in range(0, len(ids), 1000):
@@ -1171,10 +1045,10 @@ def run_multi(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         ckpt = write_bench_checkpoint(work / "ckpt", args)
         model_name = Vela2Config.read(ckpt).name
         model_doc = _model_doc(args, ckpt)
-        with redis_server(work, args.redis_url) as (url, what, _):
+        with bench_redis(work, args.redis_url) as (url, what, _):
             log.info("redis: %s; workload %d rows; worker counts %s", what, len(rows), counts)
             client = Client(url, model=model_name)
-            workers: list[WorkerProc] = []
+            workers: list[WorkerProcess] = []
             snapshots: list[dict[str, bytes | None]] = []
             submitted = 0
             try:
@@ -1208,11 +1082,11 @@ def run_multi(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                     run["decisions_differ_vs_first_run"] = sum(1 for a, b in zip(mine, base, strict=True) if a != b)
             finally:
                 client.close()
-                WorkerProc.stop_all(workers, min(60.0, max(10.0, _left_s(args) + EXIT_MARGIN_S - 10)))
-            summaries = [w.engine_summary() for w in workers]
+                WorkerProcess.stop_all(workers, min(60.0, max(10.0, _left_s(args) + EXIT_MARGIN_S - 10)))
+            stats = [w.engine_stats() for w in workers]
             ready = [round(w.ready_s or 0, 1) for w in workers]
     by_n = {r["workers"]: r["rows_per_s"] for r in runs}
-    scored = sum(s["answered"] for s in summaries if s) if all(summaries) else None
+    scored = sum(s["answered"] for s in stats if s) if all(stats) else None
     doc: dict[str, Any] = {
         "command": "python -m bench.queue_bench " + shlex.join(argv),
         "machine": {**machine_info(), "gpu": info},
@@ -1225,7 +1099,7 @@ def run_multi(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "worker_row_tokens_supported": _worker_supports_row_tokens(),
         "workload": {"seed": args.seed, "copies": args.copies, "rows": len(rows)},
         "runs": runs,
-        "workers": {"ready_seconds": ready, "engine_summaries": summaries, "submitted_total": submitted,
+        "workers": {"ready_seconds": ready, "engine_stats": stats, "submitted_total": submitted,
                     "scored_total": scored, "answered_twice": None if scored is None else scored - submitted},
         "skipped_worker_counts": skipped,
         "lost_total": sum(r["lost"] for r in runs),

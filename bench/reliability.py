@@ -7,8 +7,9 @@ request it sent.
 
 Every scenario is self-contained: its own redis-server on a free loopback port in a temporary
 directory (AOF on where a restart must keep the queue), its own workers configured through VELA2_*
-variables (plus the engine's test-only VELA2_TEST_* hooks where a fault is injected), its own
-requests. After the scenario settles, every request id is read back:
+variables (plus worker.faults' test-only VELA2_TEST_* hooks where a fault is injected), its own
+requests; both come from the process harness (stack.harness), and the workers' counts from the
+engine's JSON stats line at shutdown. After the scenario settles, every request id is read back:
 
 - `answered_ok` / `answered_error` / `expired`: the stored answer's status;
 - `lost`: no stored answer at all (the suite exits non-zero when any scenario loses one);
@@ -33,9 +34,6 @@ import os
 import random
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,19 +49,16 @@ from typing import Any
 import redis as redis_lib
 
 from producer.client import Client
-from producer.messages import build_message
+from stack.harness import READY_TIMEOUT_S, RedisServer, WorkerProcess, free_port
 from vela2.errors import LimitExceeded
-from worker import keys
-from worker.app import ENV
-from worker.demo import worker_command
-from worker.engine import TEST_CRASH_ENV, TEST_DELAY_ENV, TEST_FAIL_ENV, TEST_OOM_ENV
+from vela2.wire import keys
+from vela2.wire.messages import build_message
+from worker.faults import TEST_CRASH_ENV, TEST_DELAY_ENV, TEST_FAIL_ENV, TEST_OOM_ENV
 
 log = logging.getLogger("bench.reliability")
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "vela2-demo"
 QUEUE = keys.online_queue(MODEL)
-READY_TIMEOUT_S = 180.0  # import + model load + warm-up batches on a busy 2-core machine
 SETTLE_TIMEOUT_S = 240.0  # longest a scenario waits for its answers once the fault is over
 POLL_S = 0.2
 
@@ -103,153 +98,24 @@ def good_rows(prefix: str, n: int, start: int = 0) -> list[dict[str, Any]]:
 # --- processes -----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisProc:
-    """A redis-server on 127.0.0.1 in its own directory; `stop()` / `start()` keep port and data."""
-
-    def __init__(self, workdir: Path, *, aof: bool = False):
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        self.exe = exe
-        self.workdir = workdir
-        self.aof = aof
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-        workdir.mkdir(parents=True, exist_ok=True)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self, **kw: Any) -> redis_lib.Redis:
-        return redis_lib.Redis(host="127.0.0.1", port=self.port, **kw)
-
-    def start(self, timeout_s: float = 20.0) -> RedisProc:
-        args = [
-            self.exe,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.workdir),
-            "--save",
-            "",
-            "--maxmemory-policy",
-            "noeviction",
-        ]
-        # AOF with fsync every second: what the README asks of production (a restart keeps the queue).
-        args += ["--appendonly", "yes", "--appendfsync", "everysec"] if self.aof else ["--appendonly", "no"]
-        with open(self.workdir / "redis.log", "ab") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            c = self.client(socket_timeout=1)
-            try:
-                c.ping()
-                return self
-            except redis_lib.RedisError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
-                time.sleep(0.05)
-            finally:
-                c.close()
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM: redis-server fsyncs its AOF and exits (a graceful restart loses nothing)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@dataclass
-class WorkerProc:
-    """One worker process and its log."""
-
-    name: str
-    proc: subprocess.Popen
-    log_path: Path
-    metrics_port: int = 0
-    exit_code: int | None = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> WorkerProc:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if " ready." in self.log():
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            time.sleep(0.05)
-        raise RuntimeError(f"worker {self.name} not ready after {timeout_s:.0f} s:\n{self.log()[-3000:]}")
-
-    def wait_exit(self, timeout_s: float) -> int:
-        try:
-            self.exit_code = self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.exit_code = self.proc.wait()
-            log.error("worker %s did not exit within %.0f s; killed", self.name, timeout_s)
-        return self.exit_code
-
-    def terminate(self, timeout_s: float = 90.0) -> int:
-        """Warm shutdown (SIGTERM); returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.wait_exit(timeout_s)
-
-    def kill(self) -> None:
-        """SIGKILL: nothing is finished, acked or returned."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.exit_code = self.proc.wait(30)
-
-    def rss_mb(self) -> float | None:
-        """Resident memory of the worker process (psutil when installed, else /proc)."""
-        try:
-            import psutil  # optional
-
-            return psutil.Process(self.proc.pid).memory_info().rss / 2**20
-        except ImportError:
-            pass
-        except Exception:
-            return None
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            return None
+def worker_counts(w: WorkerProcess) -> dict[str, int] | None:
+    """The engine's shutdown counts (its JSON stats line, WorkerProcess.engine_stats) under the names
+    the report uses; None when it never stopped warmly."""
+    stats = w.engine_stats()
+    if stats is None:
         return None
-
-    def summary(self) -> dict[str, int] | None:
-        """The engine's shutdown line, parsed (None when it never stopped warmly)."""
-        m = re.search(
-            r"answered (\d+) requests \(ok (\d+), error (\d+), expired (\d+)\), skipped (\d+) duplicates; "
-            r"acked (\d+) messages, returned (\d+) to the queue; (\d+) batches \((\d+) raised\)",
-            self.log(),
-        )
-        if m is None:
-            return None
-        names = ("answered", "ok", "error", "expired", "duplicates_skipped", "acked", "returned", "batches", "raised")
-        return dict(zip(names, map(int, m.groups()), strict=True))
+    results = stats["results"]
+    return {
+        "answered": stats["answered"],
+        "ok": results["ok"],
+        "error": results["error"],
+        "expired": results["expired"],
+        "duplicates_skipped": stats["duplicates"],
+        "acked": stats["messages_acked"],
+        "returned": stats["messages_returned"],
+        "batches": stats["batches"],
+        "raised": stats["batches_raised"],
+    }
 
 
 class Suite:
@@ -261,7 +127,7 @@ class Suite:
         self.scale = scale
         self.device = device
         self.worst_batch_s: dict[int, float] = {}
-        self._procs: list[WorkerProc | RedisProc] = []
+        self._procs: list[WorkerProcess | RedisServer] = []
         self._redis_numbers = count(1)
         self._worker_numbers = count(1)
 
@@ -269,33 +135,29 @@ class Suite:
         """A request count scaled by --scale."""
         return max(minimum, round(base * self.scale))
 
-    def redis(self, *, aof: bool = False) -> RedisProc:
-        r = RedisProc(self.workdir / f"redis{next(self._redis_numbers)}", aof=aof).start()
+    def redis(self, *, aof: bool = False) -> RedisServer:
+        r = RedisServer(self.workdir / f"redis{next(self._redis_numbers)}", aof=aof).start()
         self._procs.append(r)
         return r
 
     def worker(
         self, redis_url: str, *, env: dict[str, str] | None = None, metrics: bool = False, **settings: Any
-    ) -> WorkerProc:
-        """Start `celery -A worker.app worker` with VELA2_* settings (not yet ready)."""
+    ) -> WorkerProcess:
+        """Start `celery -A worker.app worker` with these settings over BASE_SETTINGS (not yet ready)."""
         name = f"w{next(self._worker_numbers)}"
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("VELA2_")}
-        environ.update(
-            {ENV["redis_url"]: redis_url, ENV["checkpoint"]: str(self.checkpoint), ENV["device"]: self.device}
-        )
         # One CPU thread per worker: two workers with a thread per core each fight over the cores of
         # a small machine, and measure their worst batch (the visibility check) many times too slow.
-        environ.setdefault("OMP_NUM_THREADS", "1")
+        extra = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
         port = free_port() if metrics else 0
-        for key, value in {**BASE_SETTINGS, **settings, "metrics_port": port}.items():
-            environ[ENV[key]] = str(value)
-        environ.update(env or {})
-        environ["PYTHONPATH"] = str(ROOT) + os.pathsep + environ.get("PYTHONPATH", "")
-        log_path = self.workdir / f"{name}.log"
-        cmd = worker_command(f"{name}@%h")
-        with open(log_path, "wb") as out:
-            proc = subprocess.Popen(cmd, env=environ, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-        w = WorkerProc(name, proc, log_path, port)
+        w = WorkerProcess.start(
+            redis_url,
+            self.checkpoint,
+            self.workdir / f"{name}.log",
+            name=name,
+            env=extra,
+            device=self.device,
+            **{**BASE_SETTINGS, **settings, "metrics_port": port},
+        )
         self._procs.append(w)
         return w
 
@@ -305,7 +167,7 @@ class Suite:
         """A short visibility timeout that a worker with these settings accepts at start: the
         worker's own rule with the worst batch measured here (once per batch size), times `margin`
         (a worker measures its worst batch on a machine busy with other processes), at least 8 s."""
-        from worker.engine import buffered_batches, required_visibility_s
+        from worker.startup import buffered_batches, required_visibility_s
 
         worst = self.worst_batch_s.get(max_batch_tokens)
         if worst is None:
@@ -319,10 +181,10 @@ class Suite:
     def cleanup(self) -> None:
         """Stop whatever the scenario left running (workers first, then Redis)."""
         for p in reversed(self._procs):
-            if isinstance(p, WorkerProc) and p.alive():
+            if isinstance(p, WorkerProcess) and p.alive():
                 p.kill()
         for p in self._procs:
-            if isinstance(p, RedisProc):
+            if isinstance(p, RedisServer):
                 p.stop()
         self._procs.clear()
 
@@ -341,9 +203,11 @@ def _model(checkpoint: Path) -> Any:
 
 
 def _measure_worst(checkpoint: Path, max_batch_tokens: int) -> float:
-    from worker.engine import EngineSettings, measure_worst_batch_s
+    from worker.settings import EngineSettings
+    from worker.startup import measure_worst_batch_s
 
-    return measure_worst_batch_s(_model(checkpoint), EngineSettings(max_batch_tokens=max_batch_tokens))
+    settings = EngineSettings(max_batch_tokens=max_batch_tokens, precision="fp32")  # the fp32 model on this CPU
+    return measure_worst_batch_s(_model(checkpoint), settings)
 
 
 def _window_tokens(checkpoint: Path) -> int:
@@ -491,12 +355,12 @@ class Outcome:
         return d
 
 
-def worker_notes(workers: list[WorkerProc]) -> dict[str, Any]:
+def worker_notes(workers: list[WorkerProcess]) -> dict[str, Any]:
     """What the workers' shutdown lines say, summed (warmly stopped workers only)."""
     total: dict[str, int] = {}
     stopped = 0
     for w in workers:
-        s = w.summary()
+        s = worker_counts(w)
         if s is None:
             continue
         stopped += 1
@@ -505,7 +369,7 @@ def worker_notes(workers: list[WorkerProc]) -> dict[str, Any]:
     return {"workers": len(workers), "warmly_stopped": stopped, **total}
 
 
-def stop_all(workers: list[WorkerProc], outcome: Outcome) -> None:
+def stop_all(workers: list[WorkerProcess], outcome: Outcome) -> None:
     """Warm-stop every live worker; each must exit 0."""
     codes = {w.name: w.terminate() for w in workers if w.alive()}
     outcome.check(
@@ -513,7 +377,7 @@ def stop_all(workers: list[WorkerProc], outcome: Outcome) -> None:
     )
 
 
-def start_ready(s: Suite, n: int, redis_url: str, **settings: Any) -> list[WorkerProc]:
+def start_ready(s: Suite, n: int, redis_url: str, **settings: Any) -> list[WorkerProcess]:
     """Start `n` workers one after another (each measures its worst batch on a quiet machine)."""
     return [s.worker(redis_url, **settings).wait_ready() for _ in range(n)]
 
@@ -636,9 +500,9 @@ def scenario_sigkill(s: Suite, out: Outcome) -> None:
     delay = 0.3
     settings = {"max_batch_tokens": 128, "max_buffered": 6}  # 2 short rows per batch, 4 more buffered
     vis = s.visibility_for(128, 6, delay_s=delay)
-    w1 = s.worker(r.url, env={TEST_DELAY_ENV: str(delay)}, visibility_timeout_s=vis, **settings).wait_ready()
-    client = Client(r.url, model=MODEL)
-    tr = Tracker(r.url)
+    w1 = s.worker(r.url(), env={TEST_DELAY_ENV: str(delay)}, visibility_timeout_s=vis, **settings).wait_ready()
+    client = Client(r.url(), model=MODEL)
+    tr = Tracker(r.url())
     n = s.n(800)
     tr.add(client.submit_many(good_rows("kill", n)))
     rc = r.client()
@@ -648,7 +512,7 @@ def scenario_sigkill(s: Suite, out: Outcome) -> None:
     t_kill = time.monotonic()
     w1.kill()
     # worker 2 runs the same settings on a normal device: its restore sweep brings worker 1's messages back
-    w2 = s.worker(r.url, visibility_timeout_s=vis, **settings).wait_ready()
+    w2 = s.worker(r.url(), visibility_timeout_s=vis, **settings).wait_ready()
     done = tr.wait(SETTLE_TIMEOUT_S, until=lambda: drained(rc))
     out.notes.update(
         {
@@ -676,20 +540,20 @@ def scenario_sigterm(s: Suite, out: Outcome) -> None:
     (max_wait 5 s; they are flushed at once and answered); a third worker finishes the rest."""
     r = s.redis()
     rc = r.client()
-    client = Client(r.url, model=MODEL)
-    tr = Tracker(r.url)
+    client = Client(r.url(), model=MODEL)
+    tr = Tracker(r.url())
     n = s.n(400, minimum=40)
     tr.add(client.submit_many(good_rows("term", n)))
     # 1. during a batch
     w1 = s.worker(
-        r.url, env={TEST_DELAY_ENV: "0.5"}, max_batch_tokens=128, max_buffered=12, shutdown_timeout_s=1
+        r.url(), env={TEST_DELAY_ENV: "0.5"}, max_batch_tokens=128, max_buffered=12, shutdown_timeout_s=1
     ).wait_ready()
     wait_until(lambda: unacked(rc) >= 12 and tr.poll() < n, 120, "worker 1 holding a full buffer mid-batch")
     t0 = time.monotonic()
     rc1 = w1.terminate()
     stop1_s = time.monotonic() - t0
     left1 = unacked(rc)
-    s1 = w1.summary() or {}
+    s1 = worker_counts(w1) or {}
     out.check("SIGTERM during a batch: exit 0", rc1 == 0, rc1)
     out.check("SIGTERM during a batch: nothing left unacked", left1 == 0, left1)
     out.check(
@@ -697,13 +561,13 @@ def scenario_sigterm(s: Suite, out: Outcome) -> None:
     )
     # 2. during buffering: short rows never fill a 2048-token bucket from 16 messages, and max_wait is 5 s
     missing_after_first = tr.poll()
-    w2 = s.worker(r.url, max_wait_ms=5000, max_buffered=16).wait_ready()
+    w2 = s.worker(r.url(), max_wait_ms=5000, max_buffered=16).wait_ready()
     wait_until(lambda: unacked(rc) >= 16, 60, "worker 2 buffering 16 messages")
     held2 = unacked(rc)
     t0 = time.monotonic()
     rc2 = w2.terminate()
     stop2_s = time.monotonic() - t0
-    s2 = w2.summary() or {}
+    s2 = worker_counts(w2) or {}
     out.check("SIGTERM while buffering: exit 0", rc2 == 0, rc2)
     out.check("SIGTERM while buffering: nothing left unacked", unacked(rc) == 0, unacked(rc))
     out.check(
@@ -712,7 +576,7 @@ def scenario_sigterm(s: Suite, out: Outcome) -> None:
         {"held": held2, **s2},
     )
     # 3. a third worker finishes
-    w3 = s.worker(r.url).wait_ready()
+    w3 = s.worker(r.url()).wait_ready()
     done = tr.wait(SETTLE_TIMEOUT_S, until=lambda: drained(rc))
     out.check("all answered and the queue drained", done)
     stop_all([w3], out)
@@ -737,12 +601,12 @@ def scenario_redis_restart(s: Suite, out: Outcome) -> None:
     directory) while two workers score and a producer submits; both reconnect and carry on."""
     r = s.redis(aof=True)
     vis = s.visibility_for(2048, 8)
-    workers = start_ready(s, 2, r.url, visibility_timeout_s=vis, max_buffered=8)
+    workers = start_ready(s, 2, r.url(), visibility_timeout_s=vis, max_buffered=8)
     n = s.n(1000, minimum=60)
     rows = good_rows("rr", n)
-    tr = Tracker(r.url)
+    tr = Tracker(r.url())
     tr.add([x["id"] for x in rows])
-    prod = Producer(r.url, rows, per_s=max(20.0, n / 12))
+    prod = Producer(r.url(), rows, per_s=max(20.0, n / 12))
     prod.start()
     wait_until(lambda: len(prod.submitted) >= n // 3 and tr.poll() < n, 120, "a third submitted")
     before = tr.answered()
@@ -780,8 +644,8 @@ def scenario_malformed(s: Suite, out: Outcome) -> None:
     the right type; items without an id are dropped (logged); the good ones are all answered ok."""
     r = s.redis()
     rc = r.client()
-    w = s.worker(r.url).wait_ready()
-    tr = Tracker(r.url)
+    w = s.worker(r.url()).wait_ready()
+    tr = Tracker(r.url())
     rng = random.Random(8)
     k = max(1, s.n(10, minimum=1))
     items: list[str] = []  # envelopes (JSON text) or raw strings, pushed in a shuffled order
@@ -922,9 +786,9 @@ def scenario_oversized(s: Suite, out: Outcome) -> None:
 
     r = s.redis()
     rc = r.client()
-    w = s.worker(r.url).wait_ready()
+    w = s.worker(r.url()).wait_ready()
     rss_before = w.rss_mb()
-    tr = Tracker(r.url)
+    tr = Tracker(r.url())
     base = good_row("x", 0)
     want: dict[str, str] = {}
     payloads: list[str] = []
@@ -948,7 +812,7 @@ def scenario_oversized(s: Suite, out: Outcome) -> None:
         sizes[rid] = len(payloads[-1])
     # 50 MB: the producer refuses it with a clear error...
     huge = {**base, "id": "over-50mb", "text": "y " * (25 * 2**20)}
-    producer = Client(r.url, model=MODEL)
+    producer = Client(r.url(), model=MODEL)
     try:
         producer.submit(huge)
         producer_refusal = None
@@ -1025,9 +889,9 @@ def scenario_oom(s: Suite, out: Outcome) -> None:
     r = s.redis()
     rc = r.client()
     env = {TEST_OOM_ENV: "600", TEST_FAIL_ENV: "oom-"}
-    w = s.worker(r.url, env=env, max_wait_ms=50).wait_ready()
-    tr = Tracker(r.url)
-    client = Client(r.url, model=MODEL)
+    w = s.worker(r.url(), env=env, max_wait_ms=50).wait_ready()
+    tr = Tracker(r.url())
+    client = Client(r.url(), model=MODEL)
     good = good_rows("good", s.n(1000))
     bad = good_rows("oom", s.n(20, minimum=2), start=7)
     mixed = good + bad
@@ -1065,8 +929,8 @@ def scenario_duplicate(s: Suite, out: Outcome) -> None:
     changes."""
     r = s.redis()
     rc = r.client()
-    workers = start_ready(s, 2, r.url, max_buffered=16)
-    tr = Tracker(r.url)
+    workers = start_ready(s, 2, r.url(), max_buffered=16)
+    tr = Tracker(r.url())
     rows = good_rows("dup", s.n(600))
     payloads = [build_message([x], QUEUE).payload for x in rows]
     tr.add([x["id"] for x in rows])
@@ -1106,7 +970,7 @@ def scenario_visibility(s: Suite, out: Outcome) -> None:
     while worker 1 still scores them, so requests are scored twice; the answers never change."""
     r = s.redis()
     rc = r.client()
-    w0 = s.worker(r.url, visibility_timeout_s=0.5)
+    w0 = s.worker(r.url(), visibility_timeout_s=0.5)
     code = w0.wait_exit(READY_TIMEOUT_S)
     line = next((x.strip() for x in w0.log().splitlines() if "visibility timeout 0.5 s is too short" in x), None)
     out.check(
@@ -1119,14 +983,14 @@ def scenario_visibility(s: Suite, out: Outcome) -> None:
     short = s.visibility_for(2048, 4)
     # worker 1: ~2 rows per 1 s batch and 32 buffered, so a message waits there far longer than `short`
     w1 = s.worker(
-        r.url, env={TEST_DELAY_ENV: str(delay)}, max_batch_tokens=128, max_buffered=32, visibility_timeout_s=3600
+        r.url(), env={TEST_DELAY_ENV: str(delay)}, max_batch_tokens=128, max_buffered=32, visibility_timeout_s=3600
     ).wait_ready()
-    tr = Tracker(r.url)
-    client = Client(r.url, model=MODEL)
+    tr = Tracker(r.url())
+    client = Client(r.url(), model=MODEL)
     rows = good_rows("vis", s.n(300, minimum=40))
     tr.add(client.submit_many(rows[:32]))
     wait_until(lambda: unacked(rc) >= 32, 60, "worker 1 holding 32 messages")
-    w2 = s.worker(r.url, visibility_timeout_s=short, max_buffered=4).wait_ready()
+    w2 = s.worker(r.url(), visibility_timeout_s=short, max_buffered=4).wait_ready()
     tr.add(client.submit_many(rows[32:]))
     done = tr.wait(SETTLE_TIMEOUT_S, until=lambda: drained(rc))
     out.check("all answered and the queue drained", done)
@@ -1160,12 +1024,12 @@ def scenario_poison(s: Suite, out: Outcome) -> None:
     settings = {"max_buffered": 2, "max_batch_tokens": 768, "max_wait_ms": 50}
     vis = s.visibility_for(768, 2)
     env = {TEST_CRASH_ENV: "poison-"}
-    tr = Tracker(r.url)
-    client = Client(r.url, model=MODEL)
+    tr = Tracker(r.url())
+    client = Client(r.url(), model=MODEL)
     rows = good_rows("good", s.n(200))
     rows.insert(len(rows) // 3, good_row("poison-1", 1))
     tr.add(client.submit_many(rows))
-    workers = [s.worker(r.url, env=env, visibility_timeout_s=vis, **settings)]
+    workers = [s.worker(r.url(), env=env, visibility_timeout_s=vis, **settings)]
     exits: list[int] = []
     t0 = time.monotonic()
     while not (tr.poll() == 0 and drained(rc)):
@@ -1175,7 +1039,7 @@ def scenario_poison(s: Suite, out: Outcome) -> None:
             exits.append(workers[-1].wait_exit(5))
             if len(exits) > 6:
                 break  # an endless crash loop: stop here, the checks below fail
-            workers.append(s.worker(r.url, env=env, visibility_timeout_s=vis, **settings))
+            workers.append(s.worker(r.url(), env=env, visibility_timeout_s=vis, **settings))
         time.sleep(POLL_S)
     stop_all([w for w in workers if w.alive()], out)
     raws = out.settle(tr)
@@ -1209,9 +1073,9 @@ def scenario_redis_down(s: Suite, out: Outcome) -> None:
     r = s.redis(aof=True)
     rc = r.client(socket_timeout=5)
     vis = s.visibility_for(2048, 8)
-    workers = start_ready(s, 2, r.url, visibility_timeout_s=vis, max_buffered=8)
-    tr = Tracker(r.url)
-    client = Client(r.url, model=MODEL)
+    workers = start_ready(s, 2, r.url(), visibility_timeout_s=vis, max_buffered=8)
+    tr = Tracker(r.url())
+    client = Client(r.url(), model=MODEL)
     queued = good_rows("queued", s.n(1000, minimum=40))
     tr.add(client.submit_many(queued))
     client.close()
@@ -1222,7 +1086,7 @@ def scenario_redis_down(s: Suite, out: Outcome) -> None:
     t_down = time.monotonic()
     late = good_rows("during", s.n(200, minimum=10))
     tr.add([x["id"] for x in late])
-    prod = Producer(r.url, late, per_s=max(10.0, len(late) / 10), batch=5)
+    prod = Producer(r.url(), late, per_s=max(10.0, len(late) / 10), batch=5)
     prod.start()
     time.sleep(max(0.0, outage - (time.monotonic() - t_down)))
     alive_during = [w.alive() for w in workers]
@@ -1316,9 +1180,9 @@ def run_soak(s: Suite, minutes: float, sample_s: float = 5.0) -> dict[str, Any]:
     """Steady traffic for `minutes` on one worker; samples its RSS and GPU memory every `sample_s`."""
     r = s.redis()
     rc = r.client()
-    w = s.worker(r.url, metrics=True).wait_ready()
-    tr = Tracker(r.url)
-    client = Client(r.url, model=MODEL)
+    w = s.worker(r.url(), metrics=True).wait_ready()
+    tr = Tracker(r.url())
+    client = Client(r.url(), model=MODEL)
     samples: list[dict[str, Any]] = []
     t0 = time.monotonic()
     end = t0 + minutes * 60

@@ -29,18 +29,11 @@ from producer.client import (
     prepare_many,
     prepare_request,
     queue_commands,
-    queue_name,
-)
-from producer.messages import (
-    DEFAULT_SUBMITTED_TTL_S,
-    Message,
-    deadline_to_expires,
-    parse_answer,
-    parse_meta,
-    submitted_key,
 )
 from vela2.schemas import RowResult
-from worker.keys import result_key
+from vela2.wire.keys import queue_name, result_key, submitted_key
+from vela2.wire.messages import Message, deadline_to_expires
+from vela2.wire.results import DEFAULT_SUBMITTED_TTL_S, parse_answer, parse_meta
 
 POLL_MIN_S = 0.005  # first pause after a poll that found nothing
 POLL_MAX_S = 0.1  # longest pause while waiting (the latency added to a late result)

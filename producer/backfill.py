@@ -4,7 +4,7 @@
                  window=1024, chunk_size=16)
 
 - Streams IN line by line: each line a row or a SystemOne request (told apart by their keys).
-- Deterministic ids: the request's own "id", else its content hash (`producer.messages.request_id`);
+- Deterministic ids: the request's own "id", else its content hash (`vela2.wire.messages.request_id`);
   a line that is not a JSON object is `line-<N>` (1-based).
 - Resumable: OUT is read first and every id in it is skipped; a torn last line (no newline: the
   previous run was killed while writing it) is truncated before appending. Each result is
@@ -41,12 +41,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, pack_messages, prepare_request, queue_name
-from producer.messages import build_message, deadline_to_expires, read_answers, request_id
+from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, pack_messages, prepare_request
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, Vela2Error
 from vela2.schemas import Status, error_result
 from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
+from vela2.wire.keys import queue_name
+from vela2.wire.messages import build_message, deadline_to_expires, request_id
+from vela2.wire.results import read_answers
 
 log = logging.getLogger(__name__)
 
@@ -443,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`vela2 backfill IN.jsonl OUT.jsonl [--redis URL] [--window N] ...`; prints the summary line.
+    """bulk submit IN.jsonl -> OUT.jsonl: windowed, resumable (prints the summary line)
 
     Exit code 0 when every input id has its line in OUT (error lines included), 2 for bad
     arguments, 130 when interrupted (rerun to resume)."""

@@ -29,22 +29,12 @@ from typing import Any
 import redis as redis_lib
 from pydantic import BaseModel
 
-from producer.messages import (
-    DEFAULT_SUBMITTED_TTL_S,
-    Message,
-    build_message,
-    deadline_to_expires,
-    parse_answer,
-    parse_meta,
-    read_answers,
-    read_results,
-    submitted_key,
-    with_id,
-)
 from vela2.config import LIMITS
 from vela2.errors import LimitExceeded, ModelMismatch, Vela2Error
 from vela2.schemas import RowResult, parse_row
-from worker import keys
+from vela2.wire.keys import queue_name, result_key, submitted_key
+from vela2.wire.messages import Message, build_message, deadline_to_expires, with_id
+from vela2.wire.results import DEFAULT_SUBMITTED_TTL_S, parse_answer, parse_meta, read_answers, read_results
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL = "vela2-demo"
@@ -130,11 +120,6 @@ def pack_messages(
     return out
 
 
-def queue_name(model: str, *, backfill: bool = False) -> str:
-    """The queue of `model`: online, or backfill (lower priority)."""
-    return keys.backfill_queue(model) if backfill else keys.online_queue(model)
-
-
 def queue_commands(pipe: Any, messages: list[Message], submitted_ttl_s: int | None) -> None:
     """Add the LPUSH of every message to a (sync or asyncio) pipeline, each preceded by its requests'
     submitted markers when `submitted_ttl_s` is set."""
@@ -217,7 +202,7 @@ class Client:
 
     def _wait_one(self, request_id: str, timeout_s: float | None, parse: Any) -> Any:
         """Wait on the result key's pub/sub channel (no polling); TimeoutError after timeout_s."""
-        key = keys.result_key(request_id)
+        key = result_key(request_id)
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(key)  # subscribe first, then read: a result written in between is not missed
@@ -285,5 +270,4 @@ __all__ = [
     "pack_messages",
     "prepare_many",
     "prepare_request",
-    "queue_name",
 ]

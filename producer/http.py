@@ -53,12 +53,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from producer.aio import AsyncClient
-from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, queue_name
+from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
 from vela2 import __version__
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, Vela2Error
 from vela2.schemas import ErrorInfo, Status
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, SystemOneRequest, error_answer, parse_request
+from vela2.wire.keys import queue_name
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`vela2 http [--redis URL] [--host H] [--port N] [--model NAME] ...`: serve until stopped."""
+    """the HTTP route for SystemOne requests (serves until stopped)"""
     args = build_parser().parse_args(argv)
     serve(
         args.redis,

@@ -1,5 +1,5 @@
-"""Fixtures shared by every test package: real redis-server processes on free loopback ports, and
-the demo checkpoint (written once per session) with its model.
+"""Fixtures shared by every test package: real redis-server processes on free loopback ports (the
+process harness, stack.harness), and the demo checkpoint (written once per session) with its model.
 
 `redis_server_factory()` starts a fresh `redis-server` (no persistence) in a temporary directory;
 every server is stopped at the end of the session. `redis_server` is the one shared server and
@@ -10,13 +10,8 @@ integration tests fail when CI is set (CI must run them) and are skipped elsewhe
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 # The test folders tests/vela2, tests/worker and tests/producer carry no __init__.py, so with pytest's
@@ -27,91 +22,47 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 import pytest  # noqa: E402
-import redis  # noqa: E402
 
 import producer  # noqa: E402,F401
 import vela2  # noqa: E402,F401
 import worker  # noqa: E402,F401
-from worker.demo import redis_server_command  # noqa: E402
+from stack.harness import RedisServer, find_redis_server  # noqa: E402
+
+# A test that uses one of these fixtures starts a process (redis-server, a worker, an HTTP server):
+# it is marked `integration`, so `pytest -m "not integration"` is the fast loop.
+PROCESS_FIXTURES = {"redis_server", "redis_url", "redis_server_factory", "start_worker", "real_worker",
+                    "http_server", "fake_worker"}
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
-@dataclass
-class RedisServer:
-    """A redis-server process started by the fixture."""
-
-    port: int
-    proc: subprocess.Popen
-    workdir: Path
-
-    def url(self, db: int = 0) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
-
-    def client(self, db: int = 0) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, db=db)
-
-    def flushall(self) -> None:
-        c = self.client()
-        try:
-            c.flushall()
-        finally:
-            c.close()
-
-
-def _need_redis_server() -> str:
-    exe = shutil.which("redis-server")
-    if exe is None:
+def _need_redis_server() -> None:
+    if find_redis_server() is None:
         msg = "redis-server is not installed (apt-get install redis-server); integration tests need it"
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
-    return exe
 
 
 @pytest.fixture(scope="session")
-def redis_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], RedisServer]]:
-    """A factory of fresh redis-server processes (stopped at the end of the session)."""
+def redis_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RedisServer]]:
+    """A factory of fresh redis-server processes (stack.harness.RedisServer, keyword arguments as
+    there), stopped at the end of the session."""
     started: list[RedisServer] = []
 
-    def start() -> RedisServer:
-        exe = _need_redis_server()
-        workdir = tmp_path_factory.mktemp("redis")
-        port = free_port()
-        proc = subprocess.Popen(
-            redis_server_command(exe, port, workdir),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        server = RedisServer(port, proc, workdir)
+    def start(**kw: object) -> RedisServer:
+        _need_redis_server()
+        server = RedisServer(tmp_path_factory.mktemp("redis"), **kw).start()  # type: ignore[arg-type]
         started.append(server)
-        deadline = time.monotonic() + 10
-        while True:
-            c = server.client()
-            try:
-                c.ping()
-                break
-            except redis.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {port} did not start") from None
-                time.sleep(0.05)
-            finally:
-                c.close()
         return server
 
     yield start
     for server in started:
-        server.proc.terminate()
-        try:
-            server.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -137,7 +88,8 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_model(demo_dir: Path):
-    """The demo model held in float32 (runs precision fp32 and bf16); tests must not mutate it."""
+    """The demo model held in float32 (runs precision fp32 and bf16). Tests must not mutate it (a test
+    that swaps its calibration restores it)."""
     import torch
 
     return vela2.load(demo_dir, dtype=torch.float32)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from worker.keys import backfill_queue, online_queue
+from vela2.wire.keys import backfill_queue, online_queue
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "deploy" / "launch-workers.sh"
@@ -296,7 +296,8 @@ def test_http_dockerfile_has_no_torch():
 def test_dockerignore_keeps_the_context_small():
     for path in (".venv", ".git", ".cache", "tests", ".venv/bin/python", "vela2/__pycache__/x.pyc"):
         assert _dockerignored(path), path
-    for path in ("vela2", "worker/keys.py", "producer", "pyproject.toml", "README.md", "deploy/launch-workers.sh"):
+    for path in ("vela2", "worker/settings.py", "producer", "stack", "pyproject.toml", "README.md",
+                 "deploy/launch-workers.sh"):
         assert not _dockerignored(path), path
 
 
@@ -422,11 +423,13 @@ def _workers(log_dir: Path) -> list[tuple[str, list[str], bool]]:
     return sorted(out)
 
 
+@pytest.mark.integration  # bash processes
 def test_launcher_parses():
     subprocess.run(["bash", "-n", str(LAUNCHER)], check=True)
     assert os.access(LAUNCHER, os.X_OK)
 
 
+@pytest.mark.integration  # bash processes
 def test_launcher_one_worker_per_gpu_and_sigterm_reaches_all(fakes):
     env, log_dir = fakes()
     with _launched(env, "--checkpoint", "/models/ckpt", "--redis", "redis://redis:6379/0") as proc:
@@ -445,6 +448,7 @@ def test_launcher_one_worker_per_gpu_and_sigterm_reaches_all(fakes):
         assert termed, f"worker {k} did not get SIGTERM"
 
 
+@pytest.mark.integration  # bash processes
 def test_launcher_respects_cuda_visible_devices(fakes):
     env, log_dir = fakes(nvidia_smi="#!/bin/sh\nexit 1\n", CUDA_VISIBLE_DEVICES="3, 5", VELA2_METRICS_PORT="9600")
     with _launched(env) as proc:
@@ -456,6 +460,7 @@ def test_launcher_respects_cuda_visible_devices(fakes):
     assert [(w[0], _flag(w[1], "--metrics-port"), w[2]) for w in workers] == [("3", "9600", True), ("5", "9601", True)]
 
 
+@pytest.mark.integration  # bash processes
 def test_launcher_stops_the_set_when_a_worker_dies(fakes):
     env, log_dir = fakes(FAKE_FAIL_GPU="1")
     with _launched(env, "--checkpoint", "/models/ckpt") as proc:
@@ -465,6 +470,7 @@ def test_launcher_stops_the_set_when_a_worker_dies(fakes):
     assert [(w[0], w[2]) for w in _workers(log_dir)] == [("0", True), ("1", False)]
 
 
+@pytest.mark.integration  # bash processes
 def test_launcher_refuses_without_gpus(fakes):
     env, log_dir = fakes(CUDA_VISIBLE_DEVICES="")
     with _launched(env) as proc:
@@ -473,6 +479,7 @@ def test_launcher_refuses_without_gpus(fakes):
     assert not list(log_dir.iterdir())
 
 
+@pytest.mark.integration  # bash processes
 def test_launcher_lists_mig_instances(fakes):
     mig = (
         "#!/bin/sh\n"
@@ -488,6 +495,7 @@ def test_launcher_lists_mig_instances(fakes):
     assert listed.stdout.split() == ["0", "MIG-1111", "MIG-2222", "2"]
 
 
+@pytest.mark.integration  # bash processes
 def test_launcher_health_probes_every_worker(fakes):
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (the http.server hook name)

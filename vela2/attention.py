@@ -20,9 +20,13 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask, flex_attention
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +159,11 @@ def implementation(attn: str) -> str:
     return "sdpa"
 
 
+def _config(backbone: torch.nn.Module) -> PretrainedConfig:
+    """A transformers backbone's config (nn.Module.__getattr__ types every attribute Tensor | Module)."""
+    return cast("PretrainedConfig", backbone.config)
+
+
 def set_backbone_attention(backbone: torch.nn.Module, attn: str) -> None:
     """Switch a transformers backbone between sdpa and flex in place (weights untouched)."""
     impl = implementation(attn)
@@ -162,9 +171,10 @@ def set_backbone_attention(backbone: torch.nn.Module, attn: str) -> None:
     if setter is not None:
         setter(impl)
     else:  # older transformers: the attention layers read the shared config at every forward
-        backbone.config._attn_implementation = impl
-    if backbone.config._attn_implementation != impl:
-        raise RuntimeError(f"backbone attention is {backbone.config._attn_implementation!r} after asking for {impl!r}")
+        _config(backbone)._attn_implementation = impl
+    actual = _config(backbone)._attn_implementation
+    if actual != impl:
+        raise RuntimeError(f"backbone attention is {actual!r} after asking for {impl!r}")
     log.info("backbone attention: %s", impl)
 
 

@@ -1,15 +1,25 @@
-"""The `vela2` command line: thin, each subcommand calls into the packages."""
+"""The `vela2` command line: thin, each subcommand calls into the packages.
+
+The model library's own subcommands (init-demo, predict, calibrate) are defined here; the packages
+built on it register theirs as entry points of group `vela2.commands` (pyproject.toml), so this
+module imports neither the worker nor the producer.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import logging
 import sys
+from importlib.metadata import entry_points
 from typing import Any
 
+from vela2.config import DEFAULT_MAX_BATCH_TOKENS, PRECISIONS
 from vela2.errors import InvalidRequest, Vela2Error
+
+PLUGIN_GROUP = "vela2.commands"
 
 
 def _load(checkpoint: str, device: str, precision: str):
@@ -71,40 +81,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                              device=args.device, precision=args.precision)
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-    from worker.app import WorkerSettings, run_worker
-
-    settings = WorkerSettings.from_env(
-        checkpoint=args.checkpoint, device=args.device, precision=args.precision, redis_url=args.redis,
-        visibility_timeout_s=args.visibility_timeout_s, max_batch_tokens=args.max_batch_tokens,
-        max_wait_ms=args.max_wait_ms, metrics_port=args.metrics_port, row_tokens=args.row_tokens,
-        attn=args.attn, max_buffered=args.max_buffered, shutdown_timeout_s=args.shutdown_timeout_s,
-    )
-    return run_worker(settings, loglevel=args.loglevel)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from worker.demo import run_demo
-
-    return run_demo(args.checkpoint)
-
-
-def cmd_parity(args: argparse.Namespace) -> int:
-    from worker.parity import parity_command
-
-    return parity_command(args.checkpoint, args.rows, json_path=args.json, redis_url=args.redis, device=args.device)
-
-
-def _delegate(module: str, argv: list[str]) -> int:
-    """Producer commands parse their own options (`vela2 backfill --help`): the CLI stays thin."""
-    import importlib
-
-    return int(importlib.import_module(module).main(argv) or 0)
-
-
-DELEGATED = {"backfill": "producer.backfill", "http": "producer.http"}
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vela2", description="Vela 2 streaming scorer")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -118,10 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoint", required=True)
     s.add_argument("input", help="JSONL file, '-' for stdin")
     s.add_argument("--out", help="output JSONL (default stdout)")
-    s.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    s.add_argument("--precision", choices=PRECISIONS, default="bf16")
     s.add_argument("--device", default="cpu")
     s.add_argument("--units", action="store_true", help="span answers carry every word's units")
-    s.add_argument("--max-batch-tokens", type=int, default=16_384)
+    s.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS)
     s.set_defaults(func=cmd_predict)
 
     s = sub.add_parser("calibrate", help="fit calibration.json from labelled rows")
@@ -130,50 +106,40 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="write calibration here instead of into the checkpoint")
     s.add_argument("--report", help="write the before/after report as JSON")
     s.add_argument("--device", default="cpu")
-    s.add_argument("--precision", choices=["bf16", "fp32"], default="fp32")
+    s.add_argument("--precision", choices=PRECISIONS, default="fp32")
     s.set_defaults(func=cmd_calibrate)
 
-    s = sub.add_parser("worker", help="the Celery GPU worker (one process per device)",
-                       description="Settings not given on the command line come from VELA2_* variables.")
-    s.add_argument("--checkpoint", help="checkpoint directory (or VELA2_CHECKPOINT)")
-    s.add_argument("--device", help="cuda:0, cpu, ... (default cpu)")
-    s.add_argument("--precision", choices=["bf16", "fp32"], help="default bf16 on CUDA, fp32 on CPU")
-    s.add_argument("--redis", help="broker and result backend URL (or VELA2_REDIS_URL)")
-    s.add_argument("--visibility-timeout-s", type=float, help="unacked messages return after this long")
-    s.add_argument("--max-batch-tokens", type=int, help="padded tokens per device batch")
-    s.add_argument("--max-wait-ms", type=float, help="longest a request waits for its bucket to fill")
-    s.add_argument("--max-buffered", type=int, help="messages the worker holds at once (prefetch)")
-    s.add_argument("--row-tokens", type=int, help="pack short sequences into rows of this many tokens (0: off)")
-    s.add_argument("--attn", choices=["sdpa", "flex"], help="attention backend")
-    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    s.add_argument("--shutdown-timeout-s", type=float, help="warm shutdown: finish or return within this")
-    s.add_argument("--loglevel", default="INFO")
-    s.set_defaults(func=cmd_worker)
-
-    s = sub.add_parser("parity", help="the seed-format parity report: worker vs predict(), bundled vs single, "
-                                      "precisions, SystemOne")
-    s.add_argument("--checkpoint", required=True)
-    s.add_argument("rows", help="JSONL rows to compare on")
-    s.add_argument("--json", help="write the report as JSON too")
-    s.add_argument("--redis", help="Redis URL (default: an embedded one)")
-    s.add_argument("--device", default="cpu")
-    s.set_defaults(func=cmd_parity)
-
-    # Listed for --help only: main() hands these to their own parsers (see DELEGATED).
-    sub.add_parser("backfill", help="bulk submit IN.jsonl -> OUT.jsonl: windowed, resumable "
-                                    "(see `vela2 backfill --help`)")
-    sub.add_parser("http", help="the HTTP route for SystemOne requests (see `vela2 http --help`)")
-
-    s = sub.add_parser("demo", help="the main job: embedded Redis, a worker, sample requests, answers")
-    s.add_argument("--checkpoint", help="demo checkpoint to use (default: written to a temporary folder)")
-    s.set_defaults(func=cmd_demo)
+    for name, ep in sorted(plugins().items()):
+        sub.add_parser(name, help=_first_line(ep), add_help=False)
     return p
+
+
+def plugins() -> dict[str, Any]:
+    """The subcommands other packages register (entry points of group `vela2.commands`: the worker,
+    the producer's backfill and http, the stack's demo and parity); each names a `main(argv)`."""
+    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+
+
+def _first_line(ep: Any) -> str:
+    try:
+        doc = inspect.getdoc(ep.load()) or ""
+    except ImportError as e:  # a package registered but not importable here: say so in --help
+        return f"(unavailable: {e})"
+    return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in DELEGATED:
-        return _delegate(DELEGATED[argv[0]], argv[1:])
+    found = plugins()
+    if argv and argv[0] in found:
+        # a plugin parses its own options (`vela2 worker --help`); errors are reported as ours
+        name = argv[0]
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            return int(found[name].load()(argv[1:]) or 0)
+        except Vela2Error as e:
+            print(f"vela2 {name}: {e}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -10,6 +10,13 @@ from typing import Any
 from vela2.errors import CheckpointError
 
 TASK_TYPES = ("choice", "score", "set", "span")
+PRECISIONS = ("bf16", "fp32")  # run_batch precisions: bf16 autocast (evaluation) or fp32
+DEFAULT_MAX_BATCH_TOKENS = 16_384  # padded tokens (longest x count) per device batch, everywhere
+
+
+def default_precision(device: str) -> str:
+    """The serving precision when none is given: bf16 on CUDA, fp32 elsewhere."""
+    return "bf16" if str(device).startswith("cuda") else "fp32"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -85,7 +86,7 @@ def demo_tokenizer(vocab_size: int = 3000) -> Tokenizer:
 
 def demo_config(name: str = DEMO_NAME, vocab_size: int = 3000, **backbone: object) -> Vela2Config:
     """Config of the demo model; `backbone` overrides Qwen2 config keys (benchmarks use 9B shapes)."""
-    base = {
+    base: dict[str, Any] = {  # a transformers config dict (Vela2Config.backbone)
         "model_type": "qwen2",
         "vocab_size": vocab_size,
         "hidden_size": 64,
@@ -180,7 +181,14 @@ def _spread_heads(model: Vela2Model) -> None:
         out.bias.zero_()
         out.bias.fill_(round(-float(out(feats).mean()), 4))
     res = predict(model, [p.row for p in preps], precision="fp32")
-    span = np.concatenate([np.array(v) for r in res for a in r.answers if a.units for v in a.units.logits.values()])
+    span_logits: list[np.ndarray] = []
+    for r in res:
+        assert r.answers is not None, r.error  # the sample rows are valid, so every row is answered
+        for a in r.answers:
+            if a.units:
+                assert a.units.logits is not None  # the rows asked for logits=True
+                span_logits.extend(np.array(v) for v in a.units.logits.values())
+    span = np.concatenate(span_logits)
     with torch.no_grad():
         k = round(2.5 / float(span.std()), 4)
         model.span_head.word.weight.mul_(k)

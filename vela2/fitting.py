@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from vela2.calibration import Calibration, sigmoid, softmax
+from vela2.config import DEFAULT_MAX_BATCH_TOKENS
 from vela2.errors import Vela2Error
 from vela2.schemas import Row, guess_id_task, parse_row, split_task
 
@@ -349,7 +350,8 @@ def _gather_answer(data: dict[str, TaskData], row: Row, qi: int, gold: Any, answ
     q = row.questions[qi]
     td = data.setdefault(task, TaskData(task=task, kind=kind))
     if kind in ("choice", "score", "set"):
-        n = len(q.options or [])
+        assert q.options is not None  # Row validation: choice / score / set questions always carry options
+        n = len(q.options)
         want = n + 1 if kind != "set" else n
         if answer.logits is None or len(answer.logits) != want:
             got = "none" if answer.logits is None else len(answer.logits)
@@ -376,7 +378,7 @@ def _gather_answer(data: dict[str, TaskData], row: Row, qi: int, gold: Any, answ
 
 
 def gather(
-    model: Any, rows: list[Any], *, precision: str = "fp32", max_batch_tokens: int = 16384
+    model: Any, rows: list[Any], *, precision: str = "fp32", max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
 ) -> tuple[dict[str, TaskData], list[dict[str, Any]]]:
     """Validate labelled rows, score them with raw logits and word units, and gather per-task data.
 
@@ -557,7 +559,7 @@ def evaluate(data: dict[str, TaskData], cal: Calibration) -> dict[str, dict[str,
 
 
 def calibrate(
-    model: Any, rows: list[dict[str, Any]], *, precision: str = "fp32", max_batch_tokens: int = 16384
+    model: Any, rows: list[dict[str, Any]], *, precision: str = "fp32", max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
 ) -> tuple[Calibration, dict[str, Any]]:
     """Fit calibration from labelled rows; returns (new Calibration, report).
 

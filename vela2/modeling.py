@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -16,10 +17,12 @@ from transformers import AutoConfig, AutoModel
 
 from vela2 import attention
 from vela2.calibration import Calibration
-from vela2.config import Vela2Config
+from vela2.config import PRECISIONS, Vela2Config
 from vela2.errors import PrecisionError
 
-PRECISIONS = ("bf16", "fp32")
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+    from transformers import PretrainedConfig
 
 
 class OptionHead(nn.Module):
@@ -117,7 +120,8 @@ class Vela2Model(nn.Module):
     @property
     def attn(self) -> str:
         """Attention backend: "sdpa" (dense tree mask) or "flex" (block-sparse, see vela2.attention)."""
-        return "flex" if self.backbone.config._attn_implementation == attention.IMPLEMENTATION else "sdpa"
+        config = cast("PretrainedConfig", self.backbone.config)  # nn.Module types it Tensor | Module
+        return "flex" if config._attn_implementation == attention.IMPLEMENTATION else "sdpa"
 
     @attn.setter
     def attn(self, attn: str) -> None:
@@ -160,6 +164,7 @@ class Vela2Model(nn.Module):
         """Backbone over a padded batch with the tree mask; returns fp32 states (B, L, H)."""
         self.check_precision(precision)
         L = input_ids.shape[1]
+        mask: torch.Tensor | BlockMask
         if self.attn == "flex":  # whole 128-token tiles, so compiled shapes repeat; sliced off below
             input_ids, position_ids, parts, segments = attention.pad_batch(
                 input_ids, position_ids, parts, segments, self.special_ids["pad"])

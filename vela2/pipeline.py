@@ -1,4 +1,5 @@
-"""The steps every scoring path runs, one implementation each: prepare, pack, run_batch, finish.
+"""The steps every scoring path runs, one implementation each: prepare, run_batch, finish (and
+vela2.packing.pack between them).
 
 predict() runs them in order over a list of rows; the worker engine runs the same functions with
 its own scheduling (buffering, buckets, retries). Nothing here knows about queues.
@@ -17,6 +18,7 @@ import torch
 
 from vela2.calibration import choice_probs, expected_value, sigmoid
 from vela2.modeling import HeadInputs, Vela2Model
+from vela2.packing import plan_rows
 from vela2.rendering import RenderedRow, Sequence, render_row
 from vela2.schemas import Answer, Row, RowResult, SpanOut, Status, Units, parse_row, split_task
 from vela2.spans import decode_spans, rules_for
@@ -49,86 +51,6 @@ def prepare(model: Vela2Model, obj: Any) -> Prepared:
     row = parse_row(obj)
     rendered = render_row(row, model.tokenizer, model.config, model.calibration.default_questions)
     return Prepared(row, rendered, (time.perf_counter() - t0) * 1e3)
-
-
-def pack(lengths: list[int], max_batch_tokens: int, row_tokens: int | None = None) -> list[list[int]]:
-    """Token-budget packing: indices grouped into batches whose padded cost stays within
-    `max_batch_tokens`. Every index lands in exactly one batch.
-
-    row_tokens None: one sequence per row; cost = longest x count; longest first, so each batch
-    holds similar lengths; a sequence longer than the budget gets a batch of its own.
-    row_tokens R: sequences are first packed into rows of R tokens (first-fit decreasing, see
-    `plan_rows`), then consecutive rows are grouped while rows x max(R, longest) fits; each batch is
-    checked against the row plan collate will make of it (`padded_tokens`) and split if needed.
-    A single sequence over the budget still runs, alone.
-    """
-    if row_tokens is None:
-        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-        batches: list[list[int]] = []
-        current: list[int] = []
-        for i in order:
-            longest = lengths[current[0]] if current else lengths[i]
-            if current and longest * (len(current) + 1) > max_batch_tokens:
-                batches.append(current)
-                current = []
-            current.append(i)
-        if current:
-            batches.append(current)
-        return batches
-    batches = []
-    for batch in _group_rows(plan_rows(lengths, row_tokens), lengths, row_tokens, max_batch_tokens):
-        batches.extend(_fit(batch, lengths, row_tokens, max_batch_tokens))
-    return batches
-
-
-def _group_rows(rows: list[list[int]], lengths: list[int], row_tokens: int, budget: int) -> list[list[int]]:
-    """Consecutive rows while rows x max(row_tokens, longest row) stays within the budget."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    n_rows, widest = 0, row_tokens
-    for row in rows:
-        fill = sum(lengths[i] for i in row)
-        if current and (n_rows + 1) * max(widest, fill) > budget:
-            batches.append(current)
-            current, n_rows, widest = [], 0, row_tokens
-        current.extend(row)
-        n_rows, widest = n_rows + 1, max(widest, fill)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def padded_tokens(lengths: list[int], row_tokens: int | None = None) -> int:
-    """Padded tokens a batch is charged against the budget: longest x count, or with packed rows
-    rows x max(row_tokens, longest) (flex attention pads every row to row_tokens; sdpa pads to the
-    fullest row, so this is an upper bound there)."""
-    if row_tokens is None:
-        return max(lengths) * len(lengths)
-    return len(plan_rows(lengths, row_tokens)) * max(row_tokens, *lengths)
-
-
-def _fit(batch: list[int], lengths: list[int], row_tokens: int, budget: int) -> list[list[int]]:
-    """Split a batch in halves until collate's own row plan of each part fits the budget."""
-    if len(batch) == 1 or padded_tokens([lengths[i] for i in batch], row_tokens) <= budget:
-        return [batch]
-    mid = len(batch) // 2
-    return _fit(batch[:mid], lengths, row_tokens, budget) + _fit(batch[mid:], lengths, row_tokens, budget)
-
-
-def plan_rows(lengths: list[int], row_tokens: int) -> list[list[int]]:
-    """First-fit decreasing into rows of `row_tokens`; a longer sequence gets a row of its own."""
-    rows: list[list[int]] = []
-    free: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        for r, room in enumerate(free):
-            if lengths[i] <= room:
-                rows[r].append(i)
-                free[r] -= lengths[i]
-                break
-        else:
-            rows.append([i])
-            free.append(max(0, row_tokens - lengths[i]))
-    return rows
 
 
 @dataclass
@@ -178,7 +100,8 @@ def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_to
         if any(blk.task.startswith("span:") for blk in s.blocks):
             word_idx.extend((r, o + p) for p in s.word_positions)
         layout.words.append(slice(w0, len(word_idx)))
-        seq_opts, seq_labels = [], []
+        seq_opts: list[tuple[int, slice]] = []
+        seq_labels: list[tuple[int, slice]] = []
         for blk in s.blocks:
             target, out = (label_idx, seq_labels) if blk.task.startswith("span:") else (opt_idx, seq_opts)
             k0 = len(target)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
+from vela2.config import DEFAULT_MAX_BATCH_TOKENS
 from vela2.errors import Vela2Error
 from vela2.modeling import Vela2Model
-from vela2.pipeline import Prepared, SeqOutput, finish, pack, prepare, run_batch
+from vela2.packing import pack
+from vela2.pipeline import Prepared, SeqOutput, finish, prepare, run_batch
 from vela2.schemas import RowResult, error_result, guess_id_task
-
-DEFAULT_MAX_BATCH_TOKENS = 16_384
 
 
 def predict(
@@ -27,7 +27,7 @@ def predict(
 
     A row that fails validation or rendering gets an error result; the other rows still run.
     Sequences of all rows are packed together by length under `max_batch_tokens` (padded tokens);
-    with `row_tokens`, several short sequences share a row of that many tokens (see pipeline.pack).
+    with `row_tokens`, several short sequences share a row of that many tokens (see vela2.packing.pack).
     """
     model.check_precision(precision)
     rows = list(rows)
@@ -50,6 +50,8 @@ def predict(
             outputs[i][w] = out
         for i in {flat[k][0] for k in batch}:
             model_ms[i] += elapsed
+    # pack() places every sequence in one batch, so no output and no result is left None here.
     for i, prep in preps.items():
-        results[i] = finish(model, prep, outputs[i], {"queue_ms": 0.0, "model_ms": model_ms[i]})
-    return results  # type: ignore[return-value]
+        seq_outputs = cast("list[SeqOutput]", outputs[i])
+        results[i] = finish(model, prep, seq_outputs, {"queue_ms": 0.0, "model_ms": model_ms[i]})
+    return cast("list[RowResult]", results)

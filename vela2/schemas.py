@@ -8,14 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vela2.config import LIMITS, TASK_TYPES
 from vela2.errors import InvalidRequest, LimitExceeded, Vela2Error
-
-SCHEMA_VERSION = "1"
 
 
 def split_task(task: str) -> tuple[str, str]:
@@ -262,5 +260,3 @@ def guess_id_task(obj: Any) -> tuple[str, str | None]:
         return rid[: LIMITS.max_id_chars], task if isinstance(task, str) else None
     return content_id(repr(obj)), None
 
-
-Kind = Literal["choice", "score", "set", "span"]

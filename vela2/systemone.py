@@ -59,7 +59,7 @@ import importlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -82,10 +82,9 @@ from vela2.schemas import (
 
 logger = logging.getLogger(__name__)
 
-SYSTEM_ONE_VERSION = "1"
+SYSTEM_ONE_VERSION: Final = "1"
 KINDS = ("choice", "score", "set", "span", "classify", "extract")
 OPTION_KINDS = ("choice", "score", "set")  # take `options`
-LABEL_KINDS = ("span", "classify", "extract")  # take `labels`
 SPAN_KINDS = ("span", "extract")  # may take `fields`; answers carry `spans`
 OPEN_LABEL_KINDS = ("classify", "extract")  # no `question`: the calibration's default text
 MAX_TASK_NAME_CHARS = 128  # same bound as a row task's name
@@ -455,6 +454,7 @@ def to_answer(request: SystemOneRequest, row_result: RowResult) -> dict[str, Any
 
 def error_answer(obj: Any, exc: BaseException) -> dict[str, Any]:
     """The error answer of a request that could not be answered (`obj` as sent, or parsed)."""
+    model: str | None
     if isinstance(obj, SystemOneRequest):
         model, rid = obj.model, obj.id
     else:

@@ -5,12 +5,12 @@ wastes under 25%). A bucket yields a batch when its padded tokens reach `max_bat
 batch) or when its oldest sequence has waited `max_wait_s` (then the bucket empties, oldest batch
 first). Among ready batches, one holding an online request (priority 0) goes before backfill-only
 ones (priority 1), then the one whose oldest sequence waited longest. Batches are packed with
-`vela2.pipeline.pack`, the one implementation of the budget rule:
+`vela2.packing.pack`, the one implementation of the budget rule:
 padded cost = longest x count <= max_batch_tokens; a sequence over the budget runs alone.
 
 Row packing (`row_tokens` R set): several short sequences share one row of R tokens, so length no
 longer sets the padding and every sequence waits in one shared bucket; batches are packed by
-`functools.partial(vela2.pipeline.pack, row_tokens=R)` (rows x R <= max_batch_tokens), and a batch
+`vela2.packing.pack(..., row_tokens=R)` (rows x R <= max_batch_tokens), and a batch
 is full when one more sequence as long as its longest would need a further batch.
 """
 
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-T = TypeVar("T")
+from vela2.packing import pack
 
-PackFn = Callable[[list[int], int], list[list[int]]]
+T = TypeVar("T")
 
 MIN_BUCKET_TOKENS = 16  # every sequence up to this length shares the first bucket
 BUCKET_STEPS = 4  # bucket edges per power of two (edge ratio <= 1.25)
@@ -45,12 +45,6 @@ def _urgency(batch: list[Waiting]) -> tuple[int, float]:
     return min(w.priority for w in batch), min(w.since for w in batch)
 
 
-def _default_pack() -> PackFn:
-    from vela2.pipeline import pack  # the model stack; imported only when no pack is injected
-
-    return pack
-
-
 @dataclass
 class Waiting(Generic[T]):
     """One sequence waiting for a batch."""
@@ -64,11 +58,8 @@ class Waiting(Generic[T]):
 class Buckets(Generic[T]):
     """Waiting sequences by length bucket; `pop_batch` hands out the most urgent ready batch."""
 
-    def __init__(
-        self, max_batch_tokens: int, max_wait_s: float, pack: PackFn | None = None, row_tokens: int | None = None
-    ):
-        """`pack(lengths, max_batch_tokens)` groups indices into batches; with `row_tokens` set it
-        must be the row-packing one (`partial(vela2.pipeline.pack, row_tokens=row_tokens)`)."""
+    def __init__(self, max_batch_tokens: int, max_wait_s: float, row_tokens: int | None = None):
+        """`row_tokens`: pack several short sequences per row of this many tokens (None: one per row)."""
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1; got {max_batch_tokens}")
         if max_wait_s < 0:
@@ -78,7 +69,6 @@ class Buckets(Generic[T]):
         self.row_tokens = row_tokens
         self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_s
-        self._pack = pack or _default_pack()
         self._buckets: dict[int, list[Waiting[T]]] = {}
 
     def __len__(self) -> int:
@@ -98,7 +88,7 @@ class Buckets(Generic[T]):
         longest = max(w.tokens for w in batch)
         if self.row_tokens:
             # rows are planned first-fit: ask the packer whether one more as long still fits
-            return len(self._pack([w.tokens for w in batch] + [longest], self.max_batch_tokens)) > 1
+            return len(pack([w.tokens for w in batch] + [longest], self.max_batch_tokens, self.row_tokens)) > 1
         return longest * (len(batch) + 1) > self.max_batch_tokens  # no room for one more as long
 
     def _may_fill(self, items: list[Waiting[T]]) -> bool:
@@ -119,7 +109,7 @@ class Buckets(Generic[T]):
         aged = flush or oldest + self.max_wait_s <= now
         if not aged and not self._may_fill(items):
             return None  # neither full nor old: keep waiting for company
-        batches = self._pack([w.tokens for w in items], self.max_batch_tokens)
+        batches = pack([w.tokens for w in items], self.max_batch_tokens, self.row_tokens)
         if not aged:
             batches = [b for b in batches if self._full([items[i] for i in b])]
         if not batches:

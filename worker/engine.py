@@ -19,24 +19,14 @@ its first batch starts), render_ms, model_ms (batches that carried it), decode_m
 Warm stop: intake closes, everything held is finished (buffered rows are flushed without waiting
 for company) within the timeout; whatever is left is rejected with requeue, back to its queue.
 
-Poison requests: a request that kills the worker process itself (a segfault, the kernel's OOM
-killer, a CUDA error that aborts) raises nothing to split on; its message is redelivered after the
-visibility timeout and would kill the next worker too, forever. So before a request's first batch
-in this delivery the engine counts the attempt in Redis (`vela2:attempts:<id>`, SET NX + GET for
-the whole batch in one pipelined round trip, with a TTL); the counter is deleted once the request
-has a stored result, so a counter found there means earlier attempts died with their workers. Such
-a suspect is quarantined: it runs alone (its counter INCRed first) once every counted request in
-flight has its result stored, so if it kills the process again it takes no innocent request's
-attempt with it. A request whose earlier attempts reached `max_attempts` is not run: its request
-goes to the dead-letter list `vela2.<model>.dead`, it gets an error result of type "poison", and
-its message is acked.
+Poison requests (a request that kills the worker process itself): counted per delivery, run
+alone when suspect, dead-lettered past max_attempts; see worker.attempts.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import sys
 import threading
@@ -44,52 +34,28 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from producer.messages import decode_body, parse_expires, request_id
 from vela2 import systemone
-from vela2.config import LIMITS
-from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, ModelError, PoisonRequest, Vela2Error
+from vela2.config import default_precision
+from vela2.errors import InvalidRequest, ModelError, PoisonRequest, Vela2Error
+from vela2.packing import pack
 from vela2.schemas import RowResult, Status, error_result, expired_result, guess_id_task
-from worker import keys
+from vela2.wire import keys, messages
+from vela2.wire.results import ResultStore, chunk_meta, row_meta
+from worker.attempts import Attempts, Verdict, dead_letter_entry
 from worker.batching import Buckets
 from worker.metrics import Metrics
-from worker.results import ResultStore, chunk_meta, row_meta
+from worker.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
-# Test-only hooks (read once when an engine is built; never set them in production):
-#   VELA2_TEST_BATCH_DELAY_S    sleep this long before every batch (a slow device, for SIGKILL tests)
-#   VELA2_TEST_FAIL_ID_PREFIX   a batch holding a request whose id starts with this raises RuntimeError
-#   VELA2_TEST_CRASH_ID_PREFIX  a batch holding a request whose id starts with this kills the whole
-#                               process (os._exit(137), as the kernel's OOM killer would): poison tests
-#   VELA2_TEST_OOM_ABOVE_TOKENS a batch of more padded tokens (longest x count) than this raises
-#                               torch.OutOfMemoryError, as a device with too little memory would
-TEST_DELAY_ENV = "VELA2_TEST_BATCH_DELAY_S"
-TEST_FAIL_ENV = "VELA2_TEST_FAIL_ID_PREFIX"
-TEST_CRASH_ENV = "VELA2_TEST_CRASH_ID_PREFIX"
-TEST_OOM_ENV = "VELA2_TEST_OOM_ABOVE_TOKENS"
-TEST_CRASH_EXIT = 137
-
+STATS_LOG_PREFIX = "vela2 engine stats: "  # then one JSON object (EngineStats.to_dict), logged at stop
 _IDLE_WAIT_S = 0.5  # longest sleep with nothing waiting (new events wake the loop at once)
 _STORE_RETRY_S = 1.0  # pause before retrying a failed result write (Redis away)
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """The engine's knobs."""
-
-    max_batch_tokens: int = 16_384  # padded tokens (longest x count) per batch
-    max_wait_ms: float = 20.0  # longest a request waits for company before its bucket flushes
-    precision: str = "fp32"  # passed to run_batch: "fp32" | "bf16"
-    render_threads: int = 2  # CPU threads rendering (prepare) and decoding (finish)
-    max_message_bytes: int = LIMITS.max_message_bytes  # larger messages get a limit_exceeded result
-    row_tokens: int = 0  # pack several short sequences into rows of this many tokens; 0: one per row
-    max_attempts: int = 3  # deliveries a request may start running in before it is dead-lettered
-    attempts_ttl_s: int = 86_400  # TTL of a request's attempt counter (outlives many redeliveries)
 
 
 @dataclass
@@ -102,7 +68,6 @@ class Delivery:
     reject: Callable[[bool], None]  # reject(requeue): give it back to its queue (True) or drop it
     content_type: str | None = "application/json"
     received: float = field(default_factory=time.monotonic)
-    redelivered: bool = False
     backfill: bool = False  # from the backfill queue: its batches yield to online ones
 
 
@@ -125,11 +90,11 @@ class _Request:
     expires: datetime | None
     system_one: Any = None  # the parsed SystemOne request, when it is one
     prep: Any = None  # pipeline.Prepared
-    outputs: list[Any] = field(default_factory=list)
+    outputs: list[Any] = field(default_factory=list)  # per sequence; emptied once decoded
     remaining: int = 0  # sequences without output yet
     model_ms: float = 0.0
     started: float | None = None  # when its first batch started
-    attempt: int = 0  # this delivery's attempt number (0: not counted yet; see the module docstring)
+    verdict: Verdict | None = None  # what the attempt counters said (None: not counted yet in this delivery)
     closed: bool = False  # a result exists (or is being decoded); nothing more to run
 
 
@@ -157,6 +122,20 @@ class EngineStats:
     retried_alone: int = 0  # requests run alone because an earlier attempt died with its worker
     dead_lettered: int = 0
 
+    def to_dict(self) -> dict[str, Any]:
+        """The counts as JSON-able data (the `vela2 engine stats` log line that tools read)."""
+        return {
+            "answered": sum(self.results.values()),
+            "results": {k: self.results[k] for k in ("ok", "error", "expired")},
+            "duplicates": self.duplicates,
+            "messages_acked": self.messages_acked,
+            "messages_returned": self.messages_returned,
+            "batches": self.batches,
+            "batches_raised": self.batches_raised,
+            "retried_alone": self.retried_alone,
+            "dead_lettered": self.dead_lettered,
+        }
+
     def summary(self) -> str:
         r = self.results
         return (
@@ -174,7 +153,7 @@ class Engine:
         self,
         model: Any,
         store: ResultStore,
-        settings: EngineSettings = EngineSettings(),
+        settings: EngineSettings | None = None,
         *,
         pipeline: Any = None,
         metrics: Metrics | None = None,
@@ -185,18 +164,19 @@ class Engine:
             import vela2.pipeline as pipeline  # the model stack; tests inject a fake
         self.model = model
         self.store = store
+        settings = settings or EngineSettings()
+        if settings.precision is None:
+            settings = replace(settings, precision=default_precision(getattr(model, "device", "cpu")))
         self.settings = settings
         self.pipeline = pipeline
         self.metrics = metrics or Metrics()
         self.on_stored = on_stored  # called in the engine thread with (id, status, meta) of stored results
         self.clock = clock
         self.stats = EngineStats()
-        row_tokens = settings.row_tokens or None
-        pack = partial(pipeline.pack, row_tokens=row_tokens) if row_tokens else pipeline.pack
         self._buckets: Buckets[_Seq] = Buckets(
-            settings.max_batch_tokens, settings.max_wait_ms / 1e3, pack, row_tokens=row_tokens
+            settings.max_batch_tokens, settings.max_wait_ms / 1e3, row_tokens=settings.row_tokens or None
         )
-        self._attempted: dict[str, int] = {}  # id -> attempt counted by this engine, until its result is stored
+        self._attempts = Attempts(store.redis, max_attempts=settings.max_attempts, ttl_s=settings.attempts_ttl_s)
         self._quarantine: dict[_Request, list[_Seq]] = {}  # suspects waiting to run alone, oldest first
         self._dead_key = keys.dead_letter(getattr(model, "name", None) or "unknown")
         self._events: queue.SimpleQueue = queue.SimpleQueue()
@@ -209,19 +189,6 @@ class Engine:
         self._stopping = False
         self._stop_deadline = float("inf")
         self._thread: threading.Thread | None = None
-        self._test_delay_s = float(os.environ.get(TEST_DELAY_ENV) or 0)
-        self._test_fail_prefix = os.environ.get(TEST_FAIL_ENV) or None
-        self._test_crash_prefix = os.environ.get(TEST_CRASH_ENV) or None
-        self._test_oom_tokens = int(os.environ.get(TEST_OOM_ENV) or 0)
-        if self._test_delay_s or self._test_fail_prefix or self._test_crash_prefix or self._test_oom_tokens:
-            log.warning(
-                "TEST HOOKS ACTIVE: batch delay %.3f s, failing id prefix %r, crashing id prefix %r, "
-                "OOM above %d padded tokens",
-                self._test_delay_s,
-                self._test_fail_prefix,
-                self._test_crash_prefix,
-                self._test_oom_tokens,
-            )
 
     # --- the outside: consumer thread and lifecycle ---------------------------------------------
 
@@ -253,6 +220,7 @@ class Engine:
                 self._return_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
         log.info("vela2 engine stopped: %s", self.stats.summary())
+        log.info("%s%s", STATS_LOG_PREFIX, json.dumps(self.stats.to_dict(), separators=(",", ":")))
         return self.stats
 
     # --- the loop -----------------------------------------------------------------------------
@@ -276,7 +244,7 @@ class Engine:
     def _wait_s(self) -> float:
         if self._to_store:
             return max(0.0, min(_IDLE_WAIT_S, self._store_after - self.clock()))
-        if self._quarantine and self._attempted:
+        if self._quarantine and self._attempts:
             return _IDLE_WAIT_S  # a suspect waits for results in flight: their events wake the loop
         if self._stopping:
             return 0.0 if len(self._buckets) else 0.05
@@ -336,26 +304,24 @@ class Engine:
                 self._expire(req)
             else:
                 fut = self._pool.submit(self._prepare, req)
-                fut.add_done_callback(lambda f, r=req: self._events.put(("prepared", r, f)))
+                fut.add_done_callback(partial(self._post, "prepared", req))
         for msg in {r.msg for r in fresh}:
             self._maybe_finalize(msg)
 
     def _open_message(self, d: Delivery) -> list[_Request]:
         """Register a delivery; returns its requests still to answer (errors are answered here)."""
-        mid = d.headers.get("id")
-        if not isinstance(mid, str) or not mid:
+        mid = messages.message_id(d.headers)
+        if mid is None:
             log.error("dropping a message without a task id (headers %r)", sorted(d.headers)[:20])
             d.reject(False)
             return []
-        head_ids = d.headers.get("vela2_ids")
-        head_ids = [i for i in head_ids if isinstance(i, str) and i] if isinstance(head_ids, list) else []
+        head_ids = messages.header_ids(d.headers)
         msg = _Message(d, mid, chunk=bool(head_ids))
         self._messages.add(msg)
         try:
-            if len(d.body) > self.settings.max_message_bytes:
-                raise LimitExceeded(f"message has {len(d.body):,} bytes; limit {self.settings.max_message_bytes:,}")
-            body = decode_body(d.body, d.content_type)
-            expires = parse_expires(d.headers.get("expires"))
+            got = messages.decode_delivery(
+                mid, d.headers, d.body, d.content_type, max_message_bytes=self.settings.max_message_bytes
+            )
         except InvalidRequest as e:
             # Answer every id we know of (the message id, and a chunk's row ids from its header).
             log.warning("message %s refused: %s", mid, e)
@@ -363,16 +329,11 @@ class Engine:
                 msg.pending.add(rid)
                 self._answer(msg, rid, error_result(rid, None, e))
             return []
-        msg.chunk = body.chunk
-        out: list[_Request] = []
-        for obj in body.requests:
-            rid = request_id(obj) if body.chunk else mid
-            if rid in msg.pending:
-                msg.counts["repeated"] += 1  # the same id twice in one chunk: answered once
-                continue
-            msg.pending.add(rid)
-            out.append(_Request(rid, obj, msg, d.received, expires))
-        return out
+        msg.chunk = got.chunk
+        if got.repeated:
+            msg.counts["repeated"] += got.repeated  # the same id twice in one chunk: answered once
+        msg.pending.update(rid for rid, _ in got.requests)
+        return [_Request(rid, obj, msg, d.received, got.expires) for rid, obj in got.requests]
 
     def _prepare(self, req: _Request) -> tuple[Any, Any]:
         """(CPU thread) validate + render one request -> (Prepared, parsed SystemOne or None)."""
@@ -381,6 +342,10 @@ class Engine:
             systemone.check_model(parsed, self.model.name)
             return self.pipeline.prepare(self.model, systemone.to_row(parsed, self.model.calibration)), parsed
         return self.pipeline.prepare(self.model, req.obj), None
+
+    def _post(self, kind: str, req: _Request, fut: Future) -> None:
+        """(CPU thread) hand a finished step back to the engine thread."""
+        self._events.put((kind, req, fut))
 
     def _on_prepared(self, req: _Request, fut: Future) -> None:
         if req.closed:
@@ -434,42 +399,27 @@ class Engine:
             if not req.closed and req.remaining == 0:
                 req.closed = True
                 fut = self._pool.submit(self._finish, req)
-                fut.add_done_callback(lambda f, r=req: self._events.put(("finished", r, f)))
+                fut.add_done_callback(partial(self._post, "finished", req))
 
     # --- attempts, suspects, the dead-letter list (see the module docstring) -------------------
 
     def _count_attempts(self, items: list[_Seq]) -> list[_Seq]:
-        """Count an attempt for every request about to run its first batch in this delivery: one
-        pipelined round trip of SET NX (the first attempt) + GET (earlier ones). A request with
-        earlier attempts is a suspect: it goes to quarantine (all its sequences), or to the
-        dead-letter list past max_attempts. Returns the items still to run now."""
-        fresh = list({it.req: None for it in items if it.req.attempt == 0})
+        """Count an attempt for every request about to run its first batch in this delivery. A
+        suspect goes to quarantine (all its sequences), a poison request to the dead-letter list.
+        Returns the items still to run now."""
+        fresh = list({it.req: None for it in items if it.req.verdict is None})
         if not fresh:
             return items
-        ttl = int(self.settings.attempts_ttl_s)
-        try:
-            pipe = self.store.redis.pipeline(transaction=False)
-            for req in fresh:
-                pipe.set(keys.attempts_key(req.rid), 1, nx=True, ex=ttl)
-                pipe.get(keys.attempts_key(req.rid))
-            replies = pipe.execute()
-        except Exception as e:  # Redis away: run anyway (a crash loop needs Redis to redeliver at all)
-            log.warning("counting attempts of %d requests failed (%s); running them uncounted", len(fresh), e)
-            for req in fresh:
-                req.attempt = -1  # uncounted, but not to be counted again
-            return items
         set_aside: set[_Request] = set()
-        for req, first, value in zip(fresh, replies[::2], replies[1::2], strict=True):
-            if first:
-                req.attempt = 1
-                self._attempted[req.rid] = 1
-                continue
-            died = int(value or 0)  # earlier attempts that never got to store a result
-            set_aside.add(req)
-            if died >= self.settings.max_attempts:
+        for req, (verdict, died) in zip(fresh, self._attempts.first([r.rid for r in fresh]), strict=True):
+            req.verdict = verdict
+            if verdict is Verdict.POISON:
                 self._dead_letter(req, died)
-            else:
+            elif verdict is Verdict.SUSPECT:
                 self._suspect(req, [it for it in items if it.req is req], died)
+            else:
+                continue
+            set_aside.add(req)
         return [it for it in items if it.req not in set_aside]
 
     def _suspect(self, req: _Request, items: list[_Seq], died: int) -> None:
@@ -489,15 +439,15 @@ class Engine:
     def _run_quarantine(self) -> bool:
         """Run the next quarantined request alone once nothing else counted is in flight (so that
         if it kills the process, no innocent request is counted against or lost with it)."""
-        counted = self._buckets.remove(lambda s: s.req.attempt == 0)  # rows already running: finish
+        counted = self._buckets.remove(lambda s: s.req.verdict is None)  # rows already running: finish
         if counted:
-            pack = partial(self.pipeline.pack, row_tokens=self.settings.row_tokens or None)
-            for idx in pack([it.tokens for it in counted], self.settings.max_batch_tokens):
+            lengths = [it.tokens for it in counted]
+            for idx in pack(lengths, self.settings.max_batch_tokens, self.settings.row_tokens or None):
                 live = self._live([counted[i] for i in idx])
                 self._run_split(live)
                 self._finish_done({it.req for it in live})
             return True
-        if self._attempted:
+        if self._attempts:
             return False  # wait until those are decoded and stored
         req, items = next(iter(self._quarantine.items()))
         del self._quarantine[req]
@@ -512,69 +462,27 @@ class Engine:
                 self.stats.duplicates += 1
                 self._maybe_finalize(req.msg)
                 return True
-            pipe = self.store.redis.pipeline(transaction=False)
-            pipe.incr(keys.attempts_key(req.rid))
-            pipe.expire(keys.attempts_key(req.rid), int(self.settings.attempts_ttl_s))
-            req.attempt = int(pipe.execute()[0])
         except Exception as e:
-            log.warning("counting the attempt of %s failed (%s); running it uncounted", req.rid, e)
-            req.attempt = -1
-        if req.attempt > self.settings.max_attempts:
-            self._dead_letter(req, req.attempt - 1)
+            log.warning("duplicate check of %s failed (%s); running it", req.rid, e)
+        req.verdict, died = self._attempts.again(req.rid)
+        if req.verdict is Verdict.POISON:
+            self._dead_letter(req, died)
             return True
-        if req.attempt > 0:
-            self._attempted[req.rid] = req.attempt
         for it in items:
             self._run_split([it])
         self._finish_done({req})
         return True
 
-    def _forget_attempts(self, rids: list[str]) -> None:
-        """Delete the attempt counters of requests whose results are now stored."""
-        if not rids:
-            return
-        for rid in rids:
-            self._attempted.pop(rid, None)
-        try:
-            self.store.redis.delete(*[keys.attempts_key(rid) for rid in rids])
-        except Exception as e:  # harmless: the counters expire on their own
-            log.warning("deleting %d attempt counters failed: %s", len(rids), e)
-
-    def _uncount_attempts(self, rids: list[str]) -> None:
-        """Take back this engine's attempt of requests it returns to the queue alive (warm stop)."""
-        if not rids:
-            return
-        try:
-            pipe = self.store.redis.pipeline(transaction=False)
-            for rid in rids:
-                n = self._attempted.pop(rid, 1)
-                if n == 1:
-                    pipe.delete(keys.attempts_key(rid))
-                elif n > 1:
-                    pipe.decr(keys.attempts_key(rid))
-                # n == 0: dead-lettered, its counter must stay
-            pipe.execute()
-        except Exception as e:
-            log.warning("uncounting %d attempts failed: %s", len(rids), e)
-
     def _dead_letter(self, req: _Request, died: int) -> None:
         """Move a poison request to the dead-letter list and answer it with a "poison" error."""
         reason = f"request crashed the worker {died} times; moved to {self._dead_key}"
-        entry = {
-            "id": req.rid,
-            "message_id": req.msg.id,
-            "reason": reason,
-            "attempts": died,
-            "at": datetime.now(UTC).isoformat(),
-            "request": req.obj,
-        }
         try:
-            self.store.redis.lpush(self._dead_key, json.dumps(entry, ensure_ascii=False, default=str))
+            self.store.redis.lpush(self._dead_key, dead_letter_entry(req.rid, req.msg.id, reason, died, req.obj))
         except Exception as e:  # the error answer still goes out; the list is for humans
             log.error("pushing %s to %s failed: %s", req.rid, self._dead_key, e)
         log.error("request %s is poison: %s", req.rid, reason)
         self.stats.dead_lettered += 1
-        self._attempted[req.rid] = 0  # its counter goes once the error answer is stored, never earlier
+        self._attempts.poisoned(req.rid)  # its counter goes once the error answer is stored, never earlier
         self._fail(req, PoisonRequest(reason))
 
     def _run_split(self, items: list[_Seq]) -> None:
@@ -587,12 +495,8 @@ class Engine:
             if it.req.started is None:
                 it.req.started = t0
         try:
-            self._test_hooks(items)
             seqs = [it.seq for it in items]
-            if self.settings.row_tokens:
-                outs = self.pipeline.run_batch(self.model, seqs, self.settings.precision, self.settings.row_tokens)
-            else:
-                outs = self.pipeline.run_batch(self.model, seqs, self.settings.precision)
+            outs = self.pipeline.run_batch(self.model, seqs, self.settings.precision, self.settings.row_tokens or None)
             if len(outs) != len(items):
                 raise RuntimeError(f"run_batch returned {len(outs)} outputs for {len(items)} sequences")
         except Exception as e:
@@ -620,23 +524,6 @@ class Engine:
         for req in {it.req for it in items}:
             req.model_ms += elapsed_ms
 
-    def _test_hooks(self, items: list[_Seq]) -> None:
-        """TEST ONLY (see the TEST_*_ENV variables): a slow device, a batch that raises, a batch that
-        kills the process, a device that runs out of memory above a batch size."""
-        if self._test_delay_s:
-            time.sleep(self._test_delay_s)
-        if self._test_crash_prefix and any(it.req.rid.startswith(self._test_crash_prefix) for it in items):
-            log.critical("test hook: a crashing request in this batch; exiting with %d", TEST_CRASH_EXIT)
-            logging.shutdown()
-            os._exit(TEST_CRASH_EXIT)
-        if self._test_fail_prefix and any(it.req.rid.startswith(self._test_fail_prefix) for it in items):
-            raise RuntimeError("test hook: simulated CUDA out of memory")
-        padded = max(it.tokens for it in items) * len(items)
-        if self._test_oom_tokens and padded > self._test_oom_tokens:
-            torch = sys.modules.get("torch")
-            oom = getattr(torch, "OutOfMemoryError", RuntimeError) if torch is not None else RuntimeError
-            raise oom(f"CUDA out of memory (test hook: a batch of {padded} padded tokens > {self._test_oom_tokens})")
-
     def _finish(self, req: _Request) -> tuple[RowResult, dict[str, Any] | None]:
         """(CPU thread) decode a row whose sequences all ran."""
         queue_ms = ((req.started or req.received) - req.received) * 1e3
@@ -650,7 +537,7 @@ class Engine:
         except Exception as e:
             log.exception("decoding %s failed", req.rid)
             res, answer = error_result(req.rid, _task_of(req), e), None
-        req.prep = req.outputs = None  # free the rendered row and its outputs now
+        req.prep, req.outputs = None, []  # free the rendered row and its outputs now
         self._answer(req.msg, req.rid, res, answer)
 
     # --- answers, storing, acks ---------------------------------------------------------------
@@ -689,7 +576,7 @@ class Engine:
             self._to_store = items + self._to_store
             self._store_after = self.clock() + _STORE_RETRY_S
             return
-        self._forget_attempts([rid for _, rid, _, _ in items if rid in self._attempted])
+        self._attempts.forget([rid for _, rid, _, _ in items])
         if self.on_stored is not None:
             try:
                 self.on_stored([(rid, status, meta) for _, rid, meta, status in items])
@@ -726,7 +613,7 @@ class Engine:
         """Give every message not yet acked back to its queue (warm stop ran out of time). Their
         attempts are uncounted: a request handed back alive is no suspect."""
         returned = [rid for msg in self._messages if not msg.finalized for rid in msg.pending]
-        self._uncount_attempts([rid for rid in returned if rid in self._attempted])
+        self._attempts.give_back(returned)
         for msg in list(self._messages):
             with self._lock:
                 if msg.finalized:
@@ -764,79 +651,3 @@ def _release_device_memory() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-# --- start-up: worst batch time and the visibility timeout rule ------------------------------------
-
-
-def warmup_row(max_window_tokens: int) -> dict[str, Any]:
-    """A long synthetic row (choice + span blocks) whose windows fill `max_window_tokens`."""
-    words = (
-        "Alice from Acme wrote to the support team about order 4471 and the refund was sent "
-        "on Monday while the weather in the city stayed green and quiet"
-    ).split()
-    n = max_window_tokens * 2
-    return {
-        "id": "vela2-warmup",
-        "task": "choice:warmup",
-        "text": " ".join(words[i % len(words)] for i in range(n)),
-        "questions": [
-            {"question": "Is the customer satisfied?", "options": ["yes", "no"]},
-            {"task": "span:warmup", "labels": ["person", "company"]},
-        ],
-    }
-
-
-def measure_worst_batch_s(model: Any, settings: EngineSettings, pipeline: Any = None) -> float:
-    """Run one batch at `max_batch_tokens` (copies of the longest window of `warmup_row`) twice;
-    returns the second, warm time in seconds (the first pays one-off start-up costs)."""
-    if pipeline is None:
-        import vela2.pipeline as pipeline
-    prep = pipeline.prepare(model, warmup_row(model.config.max_window_tokens))
-    longest = max(prep.sequences, key=lambda s: s.num_tokens)
-    batch = [longest] * max(1, settings.max_batch_tokens // longest.num_tokens)
-    delay = float(os.environ.get(TEST_DELAY_ENV) or 0)  # test hook: the slow device counts too
-    times = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        if settings.row_tokens:
-            pipeline.run_batch(model, batch, settings.precision, settings.row_tokens)
-        else:
-            pipeline.run_batch(model, batch, settings.precision)
-        _synchronize(model)
-        times.append(time.perf_counter() - t0 + delay)
-    log.info(
-        "warm-up batch: %d x %d tokens in %.3f s (first %.3f s)", len(batch), longest.num_tokens, times[1], times[0]
-    )
-    return times[1]
-
-
-def _synchronize(model: Any) -> None:
-    torch = sys.modules.get("torch")
-    device = getattr(model, "device", None)
-    if torch is not None and getattr(device, "type", None) == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def buffered_batches(max_buffered: int, max_window_tokens: int, max_batch_tokens: int) -> int:
-    """Batches a full buffer needs in the worst case for single-window rows: every buffered message
-    a row of max_window_tokens tokens."""
-    per_batch = max(1, max_batch_tokens // max(1, max_window_tokens))
-    return -(-max(1, max_buffered) // per_batch)
-
-
-def required_visibility_s(max_wait_ms: float, batches: int, worst_batch_s: float) -> float:
-    """The least visibility timeout: max_wait + (buffered batches + 1) x worst batch x 2."""
-    return max_wait_ms / 1e3 + (batches + 1) * worst_batch_s * 2
-
-
-def check_visibility(visibility_timeout_s: float, max_wait_ms: float, batches: int, worst_batch_s: float) -> None:
-    """Refuse to start (ConfigError) when a message could outlive the visibility timeout while this
-    worker still holds it (it would be redelivered to another worker and scored twice)."""
-    need = required_visibility_s(max_wait_ms, batches, worst_batch_s)
-    if visibility_timeout_s <= need:
-        raise ConfigError(
-            f"visibility timeout {visibility_timeout_s:g} s is too short: it must exceed max_wait "
-            f"{max_wait_ms / 1e3:g} s + ({batches} buffered batches + 1) x worst batch {worst_batch_s:.3f} s "
-            f"x 2 = {need:.1f} s; raise --visibility-timeout-s, or lower --max-batch-tokens / max_buffered"
-        )

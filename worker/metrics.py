@@ -16,16 +16,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from vela2.packing import padded_tokens
+from vela2.wire import keys
+
 log = logging.getLogger(__name__)
 
 _S_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 _FRACTION_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75)
-# kombu's Redis transport keeps priority messages in sub-lists named <queue><sep><priority>.
-KOMBU_PRIORITY_SEP = "\x06\x16"
-KOMBU_PRIORITY_STEPS = (3, 6, 9)
-KOMBU_UNACKED = "unacked"
 
 
 class QueueDepthCollector(Collector):
@@ -41,18 +40,17 @@ class QueueDepthCollector(Collector):
         try:
             pipe = self.redis.pipeline(transaction=False)
             for q in self.queues:
-                pipe.llen(q)
-                for p in KOMBU_PRIORITY_STEPS:
-                    pipe.llen(f"{q}{KOMBU_PRIORITY_SEP}{p}")
-            pipe.hlen(KOMBU_UNACKED)
+                for name in keys.priority_lists(q):
+                    pipe.llen(name)
+            pipe.hlen(keys.UNACKED_KEY)
             counts = pipe.execute()
         except Exception as e:  # a scrape must not fail because Redis is away; the gauge is just absent
             log.warning("queue depth unavailable: %s", e)
             return
-        step = 1 + len(KOMBU_PRIORITY_STEPS)
+        step = 1 + len(keys.KOMBU_PRIORITY_STEPS)
         for i, q in enumerate(self.queues):
             g.add_metric([q], float(sum(counts[i * step : (i + 1) * step])))
-        g.add_metric([KOMBU_UNACKED], float(counts[-1]))
+        g.add_metric([keys.UNACKED_KEY], float(counts[-1]))
         yield g
 
 
@@ -110,8 +108,6 @@ class Metrics:
 
     def padded_tokens(self, tokens: list[int]) -> int:
         """Padded size of a batch of sequences of these lengths, as run_batch lays it out."""
-        from vela2.pipeline import padded_tokens
-
         return padded_tokens(tokens, self.row_tokens or None)
 
     def observe_batch(self, tokens: list[int], ok: bool) -> None:

@@ -60,6 +60,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     return docs
 
 
+@pytest.mark.integration
 def test_cpu_compares_ours_with_plain_celery(runs):
     doc = runs["cpu"]
     assert doc["command"].startswith("python -m bench.queue_bench cpu --rows 120")
@@ -77,8 +78,10 @@ def test_cpu_compares_ours_with_plain_celery(runs):
     # the worker scored the warm-up and the timed round, each row once
     assert doc["ours"]["worker_engine"]["answered"] == 240
     assert doc["ours"]["worker_engine"]["duplicates_skipped"] == 0
+    assert [st["messages_acked"] > 0 for st in doc["ours"]["worker_engine"]["stats"]] == [True]
 
 
+@pytest.mark.integration
 def test_gpu_subcommand_runs_tiny_on_cpu(runs):
     doc = runs["gpu"]
     q = doc["queue_path"]
@@ -94,8 +97,10 @@ def test_gpu_subcommand_runs_tiny_on_cpu(runs):
     assert doc["settings"]["random_weights"] == "1" and doc["settings"]["row_tokens"] == "2048"
     assert doc["model"]["layers"] == 2 and doc["model"]["hidden"] == 128
     assert doc["gpu"]["device"] == "cpu" and doc["command"].startswith("python -m bench.queue_bench gpu")
+    assert [st["answered"] for st in doc["workers"]["engine_stats"]] == [8 + 24 + lat["requests"]]
 
 
+@pytest.mark.integration
 def test_multi_share_gpu_loses_nothing(runs):
     doc = runs["multi"]
     assert [r["workers"] for r in doc["runs"]] == [1, 2]
@@ -106,7 +111,8 @@ def test_multi_share_gpu_loses_nothing(runs):
     assert doc["scaling_2x"] == pytest.approx(doc["runs"][1]["rows_per_s"] / doc["runs"][0]["rows_per_s"], rel=1e-2)
     assert doc["lost_total"] == 0 and doc["answers_changed_total"] == 0
     workers = doc["workers"]
-    assert len(workers["engine_summaries"]) == 2
+    assert len(workers["engine_stats"]) == 2
+    assert all(st["results"]["ok"] == st["answered"] and st["duplicates"] == 0 for st in workers["engine_stats"])
     assert workers["scored_total"] == workers["submitted_total"] == 8 + 24 + 16 + 24
     assert workers["answered_twice"] == 0
     assert doc["placement"] == "all workers share cpu"

@@ -4,15 +4,13 @@ report and the exit status (bench.reliability). The full suite runs with `make r
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from bench import reliability
 from bench.fuzz import run_fuzz
-
-pytestmark = pytest.mark.integration
+from stack.harness import find_redis_server
 
 FIELDS = {
     "name",
@@ -27,12 +25,14 @@ FIELDS = {
 }
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def _need_redis_server():
-    if shutil.which("redis-server") is None:
+    if find_redis_server() is None:
         pytest.fail("redis-server is not installed; the reliability suite needs it")
 
 
+@pytest.mark.integration
+@pytest.mark.usefixtures("_need_redis_server")
 def test_malformed_and_oom_scenarios_lose_nothing_and_write_the_report(tmp_path: Path, demo_dir: Path):
     out = tmp_path / "reliability.json"
     argv = [
@@ -63,10 +63,12 @@ def test_malformed_and_oom_scenarios_lose_nothing_and_write_the_report(tmp_path:
     assert report["fuzz"]["inputs_tried"] == 4 * 20 and report["fuzz"]["crashes"] == 0
 
 
+@pytest.mark.integration
+@pytest.mark.usefixtures("_need_redis_server")
 def test_a_lost_request_fails_the_suite(monkeypatch, tmp_path: Path, demo_dir: Path):
     def loses_one(s: reliability.Suite, out: reliability.Outcome) -> None:
         r = s.redis()
-        tr = reliability.Tracker(r.url)
+        tr = reliability.Tracker(r.url())
         tr.add(["never-sent"])
         out.settle(tr)
         tr.close()

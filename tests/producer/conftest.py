@@ -2,16 +2,13 @@
 checkpoint, and a real `vela2 http` server process.
 
 The fake worker BRPOPs the model's queues, decodes messages with the real decoder
-(producer.messages.decode_body) and writes results with the real result writer
-(worker.results.ResultStore, write-once + PUBLISH), so clients and backfill see exactly what a
+(vela2.wire.messages.decode_delivery) and writes results with the real result writer
+(vela2.wire.results.ResultStore, write-once + PUBLISH), so clients and backfill see exactly what a
 worker would leave in Redis, thousands of rows a second.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,13 +23,13 @@ import httpx
 import pytest
 import redis as redis_lib
 
-from producer.messages import decode_body, parse_expires, request_id
+from stack.harness import ROOT, WorkerProcess, child_env, free_port
 from vela2.schemas import Answer, RowResult, Status, expired_result
 from vela2.systemone import is_system_one
-from worker import keys
-from worker.results import ResultStore, row_meta
+from vela2.wire import keys
+from vela2.wire.messages import decode_delivery, decode_envelope, message_id
+from vela2.wire.results import ResultStore, row_meta
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "vela2-demo"
 WORKER_SETTINGS = {"max_batch_tokens": 2048, "max_wait_ms": 10, "render_threads": 1, "shutdown_timeout_s": 30}
 
@@ -72,17 +69,15 @@ class FakeWorker:
             item = self.redis.brpop(self.queues, timeout=0.05)
             if item is None:
                 continue
-            env = json.loads(item[1])
-            body = decode_body(base64.b64decode(env["body"]))
-            self.held = len(body.requests)
-            self.max_chunk = max(self.max_chunk, len(body.requests))
-            expires = parse_expires(env["headers"].get("expires"))
+            env = decode_envelope(item[1])
+            got = decode_delivery(message_id(env.headers) or "", env.headers, env.body, env.content_type)
+            self.held = len(got.requests)
+            self.max_chunk = max(self.max_chunk, len(got.requests))
             if self.delay_s:
                 time.sleep(self.delay_s)
             writes = []
-            for obj in body.requests:
-                rid = request_id(obj) if body.chunk else env["headers"]["id"]
-                if expires is not None and datetime.now(UTC) >= expires:
+            for rid, obj in got.requests:
+                if got.expires is not None and datetime.now(UTC) >= got.expires:
                     res, answer = expired_result(rid, obj.get("task"), "deadline passed"), None
                     if is_system_one(obj):
                         answer = {"version": "1", "model": obj["model"], "id": rid, "status": "expired"}
@@ -116,43 +111,17 @@ def fake_worker(redis_url: str) -> Iterator[Callable[..., FakeWorker]]:
 
 
 @pytest.fixture
-def real_worker(tmp_path: Path, demo_dir: Path) -> Iterator[Callable[[str], subprocess.Popen]]:
+def real_worker(tmp_path: Path, demo_dir: Path) -> Iterator[Callable[[str], WorkerProcess]]:
     """real_worker(redis_url) -> a ready `celery -A worker.app worker` process on the demo checkpoint."""
-    from worker.demo import start_worker, wait_until_ready
+    started: list[WorkerProcess] = []
 
-    procs: list[subprocess.Popen] = []
-
-    def start(redis_url: str) -> subprocess.Popen:
-        log_path = tmp_path / f"worker{len(procs)}.log"
-        proc = start_worker(redis_url, demo_dir, log_path, **WORKER_SETTINGS)
-        procs.append(proc)
-        wait_until_ready(proc, log_path)
-        return proc
+    def start(redis_url: str) -> WorkerProcess:
+        w = WorkerProcess.start(redis_url, demo_dir, tmp_path / f"worker{len(started)}.log", **WORKER_SETTINGS)
+        started.append(w)
+        return w.wait_ready()
 
     yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def python_env() -> dict[str, str]:
-    """The environment of a producer subprocess: this repo first on the path, no VELA2_ settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VELA2_")}
-    env["PYTHONPATH"] = str(ROOT)
-    return env
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    WorkerProcess.stop_all(started, 30)
 
 
 @pytest.fixture
@@ -165,7 +134,7 @@ def http_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
         log_path = tmp_path / f"http{len(procs)}.log"
         cmd = [sys.executable, "-m", "producer.http", "--redis", redis_url, "--port", str(port), "--model", MODEL]
         with open(log_path, "wb") as out:
-            proc = subprocess.Popen([*cmd, *args], env=python_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen([*cmd, *args], env=child_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         procs.append(proc)
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,10 +12,10 @@ import fakeredis
 import pytest
 
 from producer.client import Client
-from producer.messages import decode_body
 from vela2.errors import ModelMismatch
 from vela2.schemas import RowResult, Status, content_id
-from worker.results import ResultStore, row_meta
+from vela2.wire.messages import decode_body
+from vela2.wire.results import ResultStore, row_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW = {"task": "choice:boolq", "text": "The sky is green.", "questions": [{"options": ["yes", "no"]}]}
@@ -93,7 +91,7 @@ def test_results_many_returns_none_for_ids_without_a_result(client, redis):
     t0 = time.monotonic()
     got = client.results_many(["here", "not-yet"], timeout_s=0.3)
     assert got["here"] is not None and got["not-yet"] is None
-    assert 0.25 < time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 >= 0.3  # waited its whole timeout for the missing one
     assert set(CountingRedis.commands) == {"MGET"}
 
 
@@ -107,12 +105,3 @@ def test_result_waits_on_the_published_value(client, redis):
         timer.join()
     with pytest.raises(TimeoutError, match="no result for 'never'"):
         client.result("never", timeout_s=0.2)
-
-
-def test_the_producer_imports_without_torch_or_celery():
-    code = (
-        "import sys, producer.client, producer.messages\n"
-        "heavy = [m for m in ('torch', 'celery', 'kombu', 'numpy', 'transformers') if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

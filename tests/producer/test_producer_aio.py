@@ -38,7 +38,7 @@ def system_one(i: int) -> dict:
 
 def test_concurrent_tasks_share_polls_and_never_block_the_loop(redis_url, fake_worker):
     worker = fake_worker()
-    worker.go.clear()  # nothing is answered until 0.5 s after the tasks started waiting
+    worker.go.clear()  # nothing is answered until 2 s after the tasks started waiting
 
     async def main() -> tuple[list, list[float], int]:
         async with AsyncClient(redis_url, model=MODEL) as client:
@@ -55,7 +55,7 @@ def test_concurrent_tasks_share_polls_and_never_block_the_loop(redis_url, fake_w
                 return rid, await client.answer(rid, timeout_s=30)
 
             async def release() -> None:
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(2.0)
                 worker.go.set()
 
             beat = asyncio.create_task(heartbeat())
@@ -72,10 +72,10 @@ def test_concurrent_tasks_share_polls_and_never_block_the_loop(redis_url, fake_w
         assert answer["id"] == rid and answer["status"] == "ok"
         assert ("tasks" in answer) == (i % 5 == 0)  # SystemOne requests get the SystemOne answer
     assert worker.rows == 60
-    # The loop kept turning while 60 coroutines waited 0.5 s or more each (a blocking wait would
+    # The loop kept turning while 60 coroutines waited 2 s or more each (a blocking wait would
     # leave a gap of the whole wait), and one MGET per poll served all of them.
     gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
-    assert len(ticks) >= 20 and max(gaps) < 0.35, (len(ticks), max(gaps))
+    assert len(ticks) >= 20 and max(gaps) < 1.0, (len(ticks), max(gaps))
     assert polls < 60, polls
 
 
@@ -85,7 +85,7 @@ def test_timeouts_and_missing_results(redis_url):
             t0 = time.monotonic()
             with pytest.raises(TimeoutError, match="no result for 'never' after 0.2 s"):
                 await client.result("never", timeout_s=0.2)
-            assert 0.15 < time.monotonic() - t0 < 2
+            assert time.monotonic() - t0 >= 0.2  # waited its whole timeout (a hang is the test timeout's)
             got = await client.answers_many(["x", "y"], timeout_s=0.1)
             assert got == {"x": None, "y": None}
             assert not client.poller._waiting  # nothing left registered after the waits ended
@@ -116,9 +116,7 @@ def test_redis_down_raises_instead_of_hanging():
 
     async def main() -> None:
         async with AsyncClient(f"redis://127.0.0.1:{port}/0", model=MODEL) as client:
-            t0 = time.monotonic()
             with pytest.raises(redis.exceptions.ConnectionError):
-                await client.answer("x", timeout_s=30)
-            assert time.monotonic() - t0 < 10
+                await client.answer("x", timeout_s=3600)  # raises at once instead of waiting an hour
 
     asyncio.run(main())

@@ -18,7 +18,7 @@ import pytest
 
 from producer.backfill import LineWriter, count_lines, run_backfill, scan_out
 from vela2.schemas import content_id
-from worker.keys import backfill_queue
+from vela2.wire.keys import backfill_queue
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import pytest
 
 from producer.http import status_code
 from vela2.schemas import ErrorInfo, RowResult, Status
-from worker.keys import online_queue
-from worker.results import ResultStore, row_meta
+from vela2.wire.keys import online_queue
+from vela2.wire.results import ResultStore, row_meta
 
 pytestmark = pytest.mark.integration
 

@@ -160,3 +160,22 @@ def test_bad_checkpoint_and_missing_input(tmp_path, demo_dir, capsys):
     assert "config.json does not exist" in capsys.readouterr().err
     assert main(["predict", "--checkpoint", str(demo_dir), str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_the_packages_register_their_subcommands(capsys):
+    from vela2.cli import plugins
+
+    assert set(plugins()) == {"worker", "backfill", "http", "demo", "parity"}
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("init-demo", "predict", "calibrate", "worker", "backfill", "http", "demo", "parity"):
+        assert name in out
+    assert "unavailable" not in out
+
+
+def test_a_plugin_parses_its_own_flags_and_reports_errors_as_the_cli_does(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["worker", "--max-wait-ms", "soon"])
+    assert e.value.code == 2 and "--max-wait-ms must be a number; got 'soon'" in capsys.readouterr().err

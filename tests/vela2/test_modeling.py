@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from vela2.config import SpecialTokens
 from vela2.errors import PrecisionError
 from vela2.modeling import OptionHead, SpanHead, Vela2Model, tree_mask
-from vela2.pipeline import collate, pack, plan_rows, prepare, run_batch
+from vela2.packing import pack, plan_rows
+from vela2.pipeline import collate, prepare, run_batch
 
 # --- tree mask -----------------------------------------------------------------------------------
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vela2.pipeline import pack
 from worker.batching import Buckets, bucket_of
 
 
@@ -46,7 +45,7 @@ def _drain(b: Buckets, now: float, flush: bool) -> list[list]:
     arrivals=st.lists(st.floats(0, 1), min_size=80, max_size=80),
 )
 def test_every_sequence_lands_in_exactly_one_batch_within_budget(lengths, budget, arrivals):
-    b: Buckets[int] = Buckets(budget, max_wait_s=0.5, pack=pack)
+    b: Buckets[int] = Buckets(budget, max_wait_s=0.5)
     for i, n in enumerate(lengths):
         b.add(i, n, since=arrivals[i])
     batches = _drain(b, now=0.0, flush=False) + _drain(b, now=0.0, flush=True)
@@ -60,7 +59,7 @@ def test_every_sequence_lands_in_exactly_one_batch_within_budget(lengths, budget
 
 
 def test_a_bucket_waits_for_company_until_max_wait():
-    b: Buckets[str] = Buckets(1000, max_wait_s=0.02, pack=pack)
+    b: Buckets[str] = Buckets(1000, max_wait_s=0.02)
     b.add("a", 100, since=10.0)
     b.add("b", 100, since=10.005)
     assert b.pop_batch(10.019) is None  # neither full nor old
@@ -70,7 +69,7 @@ def test_a_bucket_waits_for_company_until_max_wait():
 
 
 def test_a_full_bucket_flushes_at_once_and_keeps_the_rest_waiting():
-    b: Buckets[int] = Buckets(1000, max_wait_s=10.0, pack=pack)
+    b: Buckets[int] = Buckets(1000, max_wait_s=10.0)
     for i in range(13):  # 100 tokens each: 10 fill the budget
         b.add(i, 100, since=float(i))
     first = b.pop_batch(0.0)
@@ -81,7 +80,7 @@ def test_a_full_bucket_flushes_at_once_and_keeps_the_rest_waiting():
 
 
 def test_the_oldest_bucket_goes_first():
-    b: Buckets[str] = Buckets(4096, max_wait_s=0.01, pack=pack)
+    b: Buckets[str] = Buckets(4096, max_wait_s=0.01)
     b.add("long-new", 1000, since=5.0)
     b.add("short-old", 10, since=1.0)
     assert b.pop_batch(10.0) == ["short-old"]
@@ -89,7 +88,7 @@ def test_the_oldest_bucket_goes_first():
 
 
 def test_an_over_budget_sequence_runs_alone_immediately():
-    b: Buckets[str] = Buckets(512, max_wait_s=60.0, pack=pack)
+    b: Buckets[str] = Buckets(512, max_wait_s=60.0)
     b.add("small", 100, since=0.0)
     b.add("huge", 900, since=0.0)
     assert b.pop_batch(0.0) == ["huge"]
@@ -97,7 +96,7 @@ def test_an_over_budget_sequence_runs_alone_immediately():
 
 
 def test_remove_drops_matching_values():
-    b: Buckets[int] = Buckets(1000, max_wait_s=1.0, pack=pack)
+    b: Buckets[int] = Buckets(1000, max_wait_s=1.0)
     for i in range(6):
         b.add(i, 50 * (i + 1), since=0.0)
     assert sorted(b.remove(lambda v: v % 2 == 0)) == [1, 3, 5]
@@ -105,12 +104,12 @@ def test_remove_drops_matching_values():
 
 
 def test_online_batches_go_before_backfill_batches():
-    b: Buckets[str] = Buckets(4096, max_wait_s=0.01, pack=pack)
+    b: Buckets[str] = Buckets(4096, max_wait_s=0.01)
     b.add("backfill-old", 100, since=0.0, priority=1)
     b.add("online-new", 1000, since=5.0, priority=0)
     assert b.pop_batch(10.0) == ["online-new"]  # other bucket, younger, but online
     assert b.pop_batch(10.0) == ["backfill-old"]
-    one = Buckets(150, max_wait_s=0.01, pack=pack)  # one bucket, room for one row per batch
+    one = Buckets(150, max_wait_s=0.01)  # one bucket, room for one row per batch
     one.add("backfill-old", 100, since=0.0, priority=1)
     one.add("online-new", 100, since=6.0, priority=0)
     assert one.pop_batch(10.0) == ["online-new"]

@@ -10,10 +10,10 @@ import pytest
 from celery import Celery
 from kombu import Queue
 
-from producer.messages import build_message, decode_body, parse_expires, request_id
 from vela2.errors import InvalidRequest, LimitExceeded
 from vela2.schemas import content_id
-from worker.keys import TASK_NAME, backfill_queue, is_chunk_id, online_queue, result_key
+from vela2.wire.keys import TASK_NAME, backfill_queue, is_chunk_id, online_queue, result_key
+from vela2.wire.messages import build_message, decode_body, parse_expires, request_id
 
 QUEUE = online_queue("vela2-demo")
 ROW = {

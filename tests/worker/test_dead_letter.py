@@ -21,13 +21,14 @@ import fakeredis
 import pytest
 
 from producer.client import Client
-from producer.messages import build_message, read_results
 from vela2.calibration import Calibration
-from vela2.pipeline import pack
 from vela2.schemas import Answer, RowResult, Status, parse_row
-from worker.engine import TEST_CRASH_ENV, TEST_CRASH_EXIT, Delivery, Engine, EngineSettings
-from worker.keys import UNACKED_KEY, attempts_key, dead_letter, online_queue
-from worker.results import ResultStore
+from vela2.wire.keys import UNACKED_KEY, attempts_key, dead_letter, online_queue
+from vela2.wire.messages import build_message
+from vela2.wire.results import ResultStore, read_results
+from worker.engine import Delivery, Engine
+from worker.faults import TEST_CRASH_ENV, TEST_CRASH_EXIT
+from worker.settings import EngineSettings
 
 MODEL = "vela2-demo"
 TEXT = "Alice from Acme wrote to the support team about order 4471 and asked whether the refund was sent."
@@ -46,14 +47,13 @@ class Pipeline:
     batches: list[list[str]] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    pack = staticmethod(pack)
 
     def prepare(self, model, obj):
         r = parse_row(obj)
         n = max(1, -(-len(r.text.split()) // 20))
         return SimpleNamespace(row=r, sequences=[SimpleNamespace(rid=r.id, num_tokens=30) for _ in range(n)])
 
-    def run_batch(self, model, sequences, precision):
+    def run_batch(self, model, sequences, precision, row_tokens=None):
         with self.lock:
             self.batches.append([s.rid for s in sequences])
             for s in sequences:
@@ -138,9 +138,9 @@ def test_a_warm_stop_gives_back_the_attempts_of_what_it_returns(redis):
     gate = threading.Event()
 
     class Slow(Pipeline):
-        def run_batch(self, model, sequences, precision):
+        def run_batch(self, model, sequences, precision, row_tokens=None):
             gate.wait(5)
-            return super().run_batch(model, sequences, precision)
+            return super().run_batch(model, sequences, precision, row_tokens)
 
     pipe = Slow(redis)
     engine = Engine(

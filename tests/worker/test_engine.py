@@ -14,13 +14,12 @@ from typing import Any
 import fakeredis
 import pytest
 
-from producer.messages import build_message, read_results
 from vela2.calibration import Calibration
-from vela2.pipeline import pack
 from vela2.schemas import Answer, RowResult, Status, parse_row
+from vela2.wire.keys import result_key
+from vela2.wire.messages import build_message
+from vela2.wire.results import ResultStore, read_results, row_meta
 from worker.engine import Delivery, Engine, EngineSettings
-from worker.keys import result_key
-from worker.results import ResultStore, row_meta
 
 QUEUE = "vela2.fake"
 
@@ -46,7 +45,6 @@ class FakePipeline:
     fail_ids: set[str] = field(default_factory=set)  # a batch holding one of these raises
     delay_s: float = 0.0
     batches: list[list[tuple[str, int]]] = field(default_factory=list)
-    pack = staticmethod(pack)
 
     def prepare(self, model, obj):
         row = parse_row(obj)
@@ -54,7 +52,7 @@ class FakePipeline:
         n = max(1, -(-words // 50))
         return FakePrep(row, [FakeSeq(row.id, w, min(50, words - 50 * w) + 10) for w in range(n)])
 
-    def run_batch(self, model, sequences, precision):
+    def run_batch(self, model, sequences, precision, row_tokens=None):
         self.batches.append([(s.row_id, s.window) for s in sequences])
         if self.delay_s:
             time.sleep(self.delay_s)

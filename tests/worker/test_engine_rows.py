@@ -1,5 +1,5 @@
 """Row packing in the engine (`EngineSettings.row_tokens`): every length shares one bucket, batches
-are packed by `partial(vela2.pipeline.pack, row_tokens=R)` and run_batch receives R. Pure Buckets
+are packed by `vela2.packing.pack(..., row_tokens=R)` and run_batch receives R. Pure Buckets
 and the engine with a fake pipeline and fakeredis; no model, no broker."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,13 +16,13 @@ import fakeredis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producer.messages import build_message, read_results
 from vela2.calibration import Calibration
-from vela2.pipeline import pack, plan_rows
+from vela2.packing import plan_rows
 from vela2.schemas import Answer, RowResult, Status, parse_row
+from vela2.wire.messages import build_message
+from vela2.wire.results import ResultStore, read_results
 from worker.batching import Buckets
 from worker.engine import Delivery, Engine, EngineSettings
-from worker.results import ResultStore
 
 QUEUE = "vela2.fake"
 ROW_TOKENS = 64
@@ -53,7 +52,7 @@ def test_packed_batches_hold_every_sequence_once_within_budget(row_tokens, data,
     lengths = data.draw(st.lists(st.integers(1, row_tokens), max_size=120))
     arrivals = data.draw(st.lists(st.floats(0, 1), min_size=len(lengths), max_size=len(lengths)))
     budget = budget_rows * row_tokens + data.draw(st.integers(0, row_tokens - 1))
-    b: Buckets[int] = Buckets(budget, 0.5, partial(pack, row_tokens=row_tokens), row_tokens=row_tokens)
+    b: Buckets[int] = Buckets(budget, 0.5, row_tokens=row_tokens)
     for i, n in enumerate(lengths):
         b.add(i, n, since=arrivals[i])
     batches = drain(b, now=0.0)
@@ -64,7 +63,7 @@ def test_packed_batches_hold_every_sequence_once_within_budget(row_tokens, data,
 
 
 def test_all_lengths_share_one_bucket_and_a_full_batch_goes_without_waiting():
-    b: Buckets[int] = Buckets(BUDGET, 60.0, partial(pack, row_tokens=ROW_TOKENS), row_tokens=ROW_TOKENS)
+    b: Buckets[int] = Buckets(BUDGET, 60.0, row_tokens=ROW_TOKENS)
     lengths = [60, 4, 30, 34, 50, 14, 62, 2]  # 256 tokens: exactly four rows of 64
     for i, n in enumerate(lengths):
         b.add(i, n, since=0.0)
@@ -78,7 +77,7 @@ def test_all_lengths_share_one_bucket_and_a_full_batch_goes_without_waiting():
 
 
 def test_without_row_tokens_lengths_keep_their_buckets():
-    b: Buckets[int] = Buckets(BUDGET, 0.0, pack)
+    b: Buckets[int] = Buckets(BUDGET, 0.0)
     b.add(0, 60, since=0.0)
     b.add(1, 4, since=0.0)
     assert sorted(map(sorted, drain(b, now=1.0))) == [[0], [1]]
@@ -90,7 +89,6 @@ class RowPipeline:
 
     calls: list[tuple[list[tuple[str, int]], list[int], int | None]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    pack = staticmethod(pack)
 
     def prepare(self, model, obj):
         row = parse_row(obj)

@@ -9,11 +9,10 @@ import fakeredis
 import pytest
 from celery import Celery
 
-from producer.messages import read_answers, read_results
 from vela2.errors import InvalidRequest
 from vela2.schemas import RowResult, Status, error_result, expired_result
-from worker.keys import result_key
-from worker.results import ResultStore, chunk_meta, exc_type_name, row_meta
+from vela2.wire.keys import result_key
+from vela2.wire.results import ResultStore, chunk_meta, exc_type_name, read_answers, read_results, row_meta
 
 
 class CountingRedis(fakeredis.FakeRedis):

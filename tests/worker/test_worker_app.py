@@ -1,12 +1,22 @@
-"""Worker settings, the Celery configuration they produce, and the visibility-timeout rule."""
+"""Worker settings (one source: env names, CLI flags, the README table), the Celery configuration
+they produce, and the visibility-timeout rule."""
 
 from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
 
 import pytest
 
 from vela2.errors import ConfigError
-from worker.app import ENV, WorkerSettings, create_app
-from worker.engine import buffered_batches, check_visibility, required_visibility_s
+from worker import settings as worker_settings
+from worker.app import create_app
+from worker.settings import EngineSettings, WorkerSettings, env_name, specs
+from worker.startup import buffered_batches, check_visibility, required_visibility_s
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {spec.name: spec.env for spec in specs()}
 
 
 def test_settings_come_from_the_environment_then_overrides(demo_dir):
@@ -18,7 +28,7 @@ def test_settings_come_from_the_environment_then_overrides(demo_dir):
         ENV["visibility_timeout_s"]: "120",
     }
     s = WorkerSettings.from_env(env, max_wait_ms=3, device=None)
-    assert (s.redis_url, s.max_batch_tokens, s.max_wait_ms, s.visibility_timeout_s) == (
+    assert (s.redis_url, s.engine.max_batch_tokens, s.engine.max_wait_ms, s.visibility_timeout_s) == (
         "redis://127.0.0.1:7000/1",
         4096,
         3,
@@ -29,8 +39,31 @@ def test_settings_come_from_the_environment_then_overrides(demo_dir):
     assert WorkerSettings(device="cuda:0").resolved_dtype == "bfloat16"
     with pytest.raises(ConfigError, match="VELA2_MAX_WAIT_MS must be a number; got 'soon'"):
         WorkerSettings.from_env({ENV["max_wait_ms"]: "soon"})
-    with pytest.raises(ConfigError, match="precision must be one of fp32, bf16; got 'fp16'"):
-        WorkerSettings(precision="fp16").validate()
+    with pytest.raises(ConfigError, match="precision must be one of bf16, fp32; got 'fp16'"):
+        WorkerSettings(engine=EngineSettings(precision="fp16")).validate()
+    with pytest.raises(ConfigError, match="unknown worker settings"):
+        WorkerSettings.from_env({}, max_wait=3)
+
+
+def test_every_setting_has_one_env_name_and_one_flag():
+    names = [spec.name for spec in specs()]
+    assert len(names) == len(set(names))  # engine knobs and process knobs never share a name
+    assert env_name("max_wait_ms") == "VELA2_MAX_WAIT_MS" and env_name("model_name") == "VELA2_MODEL"
+    assert all(spec.env.startswith("VELA2_") and spec.help for spec in specs())
+    ap = argparse.ArgumentParser()
+    worker_settings.add_arguments(ap)
+    args = ap.parse_args(["--redis", "redis://h:1/2", "--max-wait-ms", "5", "--row-tokens", "512", "--attn", "flex"])
+    s = worker_settings.from_arguments(args)
+    assert (s.redis_url, s.engine.max_wait_ms, s.engine.row_tokens, s.attn) == ("redis://h:1/2", 5.0, 512, "flex")
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--max-batch-tokens", "many"])
+
+
+def test_the_readme_settings_table_is_generated_from_the_settings():
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"<!-- settings-table: python -m worker.settings -->\n(.*?)\n<!-- /settings-table -->", readme, re.S)
+    assert m, "README.md has no generated settings table"
+    assert m.group(1) == worker_settings.markdown_table(), "stale: paste `python -m worker.settings` into README.md"
 
 
 def test_the_app_is_json_only_late_ack_solo_with_online_before_backfill(demo_dir):

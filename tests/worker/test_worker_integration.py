@@ -18,12 +18,13 @@ import pytest
 from celery import Celery
 
 from producer.client import Client
-from producer.messages import build_message, read_results
 from vela2.demo import sample_rows
 from vela2.schemas import RowResult, Status
 from vela2.systemone import parse_request, to_answer, to_row
-from worker.engine import TEST_DELAY_ENV, TEST_FAIL_ENV
-from worker.keys import UNACKED_KEY, online_queue, result_key
+from vela2.wire.keys import UNACKED_KEY, online_queue, result_key
+from vela2.wire.messages import build_message
+from vela2.wire.results import read_results
+from worker.faults import TEST_DELAY_ENV, TEST_FAIL_ENV
 
 pytestmark = pytest.mark.integration
 

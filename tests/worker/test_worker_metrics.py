@@ -9,10 +9,10 @@ import urllib.request
 from prometheus_client import generate_latest
 
 from producer.client import Client
-from producer.messages import build_message
-from tests.conftest import free_port
+from stack.harness import free_port
 from vela2.demo import sample_rows
-from worker.keys import online_queue
+from vela2.wire.keys import online_queue
+from vela2.wire.messages import build_message
 from worker.metrics import Metrics
 
 
@@ -42,8 +42,9 @@ def test_metrics_endpoint_of_a_real_worker(redis_url, start_worker):
     client.redis.lpush(online_queue("vela2-demo"), msg.payload)
     answers = client.results_many([*ids, "m-bad"], timeout_s=120)
     assert all(answers[i] is not None for i in ids) and answers["m-bad"].status.value == "error"
-    time.sleep(0.5)
-    text = scrape(port)
+    deadline = time.monotonic() + 30  # the metrics count a result right after it is stored
+    while value(text := scrape(port), "vela2_requests_total", status="error") != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert value(text, "vela2_requests_total", status="ok") == len(rows)
     assert value(text, "vela2_requests_total", status="error") == 1
     assert value(text, "vela2_failures_total", reason="invalid_request") == 1

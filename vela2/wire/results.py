@@ -1,6 +1,6 @@
 """The stored result of one request: Celery's result meta plus our RowResult, written once.
 
-Key `celery-task-meta-<id>` (worker.keys.result_key) holds JSON in the layout of Celery's Redis
+Key `celery-task-meta-<id>` (vela2.wire.keys.result_key) holds JSON in the layout of Celery's Redis
 result backend, so `AsyncResult(id).get()` and any plain Redis GET read it:
 
     {"status": "SUCCESS" | "FAILURE", "result": ..., "traceback": null, "children": [],
@@ -12,8 +12,9 @@ a SystemOne request); FAILURE holds error results with `result` = {"exc_type", "
 our code. Writing is SET NX (first answer wins, a duplicate delivery never changes it) plus a
 PUBLISH on the key's channel, which Celery's result consumer listens on.
 
-The readers (`read_results`, `read_answers`, `parse_meta`) live in producer.messages, which the
-producer imports without this package's celery / torch dependencies; they are re-exported here.
+The writer (`ResultStore`, `row_meta`, `chunk_meta`) is the worker's; the readers (`parse_meta`,
+`parse_answer`, `read_results`, `read_answers`) are the producer's. Callers hand in their Redis
+client (redis-py or fakeredis, sync).
 """
 
 from __future__ import annotations
@@ -25,28 +26,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from producer.messages import parse_answer, parse_meta, read_answers, read_results
 from vela2 import errors
 from vela2.schemas import RowResult, Status
-from worker.keys import result_key
+from vela2.wire.keys import result_key
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "DEFAULT_RESULT_EXPIRES_S",
-    "STORE_SCRIPT",
-    "ResultStore",
-    "chunk_meta",
-    "encode_meta",
-    "exc_type_name",
-    "parse_answer",
-    "parse_meta",
-    "read_answers",
-    "read_results",
-    "row_meta",
-]
 
 DEFAULT_RESULT_EXPIRES_S = 86_400  # one day, Celery's default result_expires
+DEFAULT_SUBMITTED_TTL_S = DEFAULT_RESULT_EXPIRES_S  # a submitted marker lives as long as a result
 
 # Write once: SET NX EX, and announce the value on the key's channel only when it was written.
 STORE_SCRIPT = """
@@ -61,7 +49,7 @@ return 0
 def _error_class_names() -> dict[str, str]:
     """error.type code -> exception class name ("invalid_request" -> "InvalidRequest")."""
     names: dict[str, str] = {}
-    todo: list[type] = [errors.Vela2Error]
+    todo: list[type[errors.Vela2Error]] = [errors.Vela2Error]
     while todo:
         cls = todo.pop()
         names.setdefault(cls.code, cls.__name__)
@@ -157,3 +145,42 @@ class ResultStore:
         for rid, meta in items:
             self._script(keys=[result_key(rid)], args=[encode_meta(meta), int(self.ttl_s)], client=pipe)
         return [bool(x) for x in pipe.execute()]
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def parse_meta(raw: bytes | str | None) -> RowResult | None:
+    """The RowResult in a stored meta; None when there is none (missing key, a chunk summary)."""
+    if raw is None:
+        return None
+    meta = json.loads(raw)
+    row = meta.get("vela2") if isinstance(meta, dict) else None
+    return RowResult.model_validate(row) if row is not None else None
+
+
+def parse_answer(raw: bytes | str | None) -> dict[str, Any] | None:
+    """The product answer in a stored meta: the SystemOne answer of a SystemOne request, else the
+    RowResult dict; None when there is none."""
+    if raw is None:
+        return None
+    meta = json.loads(raw)
+    if not isinstance(meta, dict):
+        return None
+    return meta.get("vela2_answer") or meta.get("vela2")
+
+
+def _mget(redis: Any, ids: list[str]) -> list[Any]:
+    return redis.mget([result_key(rid) for rid in ids]) if ids else []
+
+
+def read_results(redis: Any, ids: Iterable[str]) -> dict[str, RowResult | None]:
+    """id -> stored RowResult (None while there is none), with ONE round trip (MGET)."""
+    ids = list(ids)
+    return {rid: parse_meta(raw) for rid, raw in zip(ids, _mget(redis, ids), strict=True)}
+
+
+def read_answers(redis: Any, ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+    """id -> stored answer dict (see `parse_answer`; None while there is none), one round trip."""
+    ids = list(ids)
+    return {rid: parse_answer(raw) for rid, raw in zip(ids, _mget(redis, ids), strict=True)}

@@ -8,6 +8,7 @@ same-precision comparison shows a decision / span-set diff or a rendering mismat
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import json
@@ -19,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from producer.client import Client
+from stack.harness import WorkerProcess, embedded_redis
+from vela2.config import DEFAULT_MAX_BATCH_TOKENS, PRECISIONS
 
 TYPES = ("choice", "score", "set", "span")
 RENDER_COLUMNS = ("input_ids", "position_ids", "parts", "blocks", "word_positions", "offsets")
@@ -120,7 +125,9 @@ def split_questions(rows: list[dict]) -> tuple[list[dict], list[dict], list[tupl
 
     Returns (bundled rows, single rows, (bundled index, question index) per single row).
     """
-    bundled, singles, index = [], [], []
+    bundled: list[dict] = []
+    singles: list[dict] = []
+    index: list[tuple[int, int]] = []
     for r in rows:
         if len(r["questions"]) < 2:
             continue
@@ -323,14 +330,11 @@ def _worker_arm(checkpoint: str, rows: list[dict], *, redis_url: str, device: st
                 workdir: Path, max_batch_tokens: int, tag: str) -> tuple[list[dict], float]:
     """The queue path: a real worker process at `precision`, every row submitted through the
     producer client (ids suffixed with `tag`, so arms never share a write-once result)."""
-    from producer.client import Client
-    from worker.demo import start_worker, wait_until_ready
-
     log_path = workdir / f"worker-{tag}.log"
-    proc = start_worker(redis_url, checkpoint, log_path, device=device, precision=precision,
-                        max_batch_tokens=max_batch_tokens, max_wait_ms=20)
+    worker = WorkerProcess.start(redis_url, checkpoint, log_path, name=f"parity-{precision}", device=device,
+                                 precision=precision, max_batch_tokens=max_batch_tokens, max_wait_ms=20)
     try:
-        wait_until_ready(proc, log_path)
+        worker.wait_ready()
         client = Client(redis_url, model=_model_name(checkpoint))
         tagged = [dict(r, id=f"{r['id']}#{tag}") for r in rows]
         t0 = time.perf_counter()
@@ -338,8 +342,7 @@ def _worker_arm(checkpoint: str, rows: list[dict], *, redis_url: str, device: st
         got = client.results_many(ids, timeout_s=600)
         elapsed = time.perf_counter() - t0
     finally:
-        proc.terminate()
-        proc.wait(60)
+        worker.terminate(60)
     out = []
     for r, rid in zip(rows, ids, strict=True):
         res = got.get(rid)
@@ -358,17 +361,16 @@ def _model_name(checkpoint: str) -> str:
 
 
 def run_parity(checkpoint: str, rows: list[dict], *, redis_url: str | None = None, device: str = "cpu",
-               max_batch_tokens: int = 16_384) -> dict[str, Any]:
+               max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> dict[str, Any]:
     """Run every arm and comparison; returns the report dict (see `format_report`)."""
     import tempfile
 
     import vela2
     from vela2.checkpoint import load, serving_dtype
-    from worker.demo import embedded_redis
 
     rows = debug_rows(rows)
     times: dict[str, float] = {}
-    models = {p: load(checkpoint, device=device, dtype=serving_dtype(p)) for p in ("bf16", "fp32")}
+    models = {p: load(checkpoint, device=device, dtype=serving_dtype(p)) for p in PRECISIONS}
     predicted = {}
     for p, m in models.items():
         res, times[f"predict_{p}"] = timed(vela2.predict, m, rows, precision=p, max_batch_tokens=max_batch_tokens)
@@ -377,7 +379,7 @@ def run_parity(checkpoint: str, rows: list[dict], *, redis_url: str | None = Non
     with tempfile.TemporaryDirectory(prefix="vela2-parity-") as tmp, contextlib.ExitStack() as stack:
         url = redis_url or stack.enter_context(embedded_redis(Path(tmp)))[0]
         nonce = uuid.uuid4().hex[:8]
-        for p in ("bf16", "fp32"):
+        for p in PRECISIONS:
             worker_out[p], times[f"worker_{p}"] = _worker_arm(
                 checkpoint, rows, redis_url=url, device=device, precision=p, workdir=Path(tmp),
                 max_batch_tokens=max_batch_tokens, tag=f"{p}-{nonce}")
@@ -412,3 +414,15 @@ def parity_command(checkpoint: str, rows_path: str, *, json_path: str | None, re
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
     return 0 if report["ok"] else 1
+
+
+def main(argv: list[str]) -> int:
+    """the seed-format parity report: worker vs predict(), bundled vs single, precisions, SystemOne"""
+    ap = argparse.ArgumentParser(prog="vela2 parity", description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("rows", help="JSONL rows to compare on")
+    ap.add_argument("--json", help="write the report as JSON too")
+    ap.add_argument("--redis", help="Redis URL (default: an embedded one)")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    return parity_command(args.checkpoint, args.rows, json_path=args.json, redis_url=args.redis, device=args.device)

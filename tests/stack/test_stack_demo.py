@@ -1,14 +1,17 @@
-"""`vela2 demo` (worker.demo.run_demo): embedded Redis, a worker, every request type, clean stop."""
+"""`vela2 demo` (stack.demo.run_demo): embedded Redis, a worker, every request type, clean stop."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
-from worker import demo
+from stack import demo, harness
+
+pytestmark = pytest.mark.integration  # a worker process, a redis-server
 
 
 def test_embedded_redis_prefers_redis_server(tmp_path, redis_server):
-    with demo.embedded_redis(tmp_path) as (url, what):
+    with harness.embedded_redis(tmp_path) as (url, what):
         assert what.startswith("redis-server")
         client = redis.Redis.from_url(url)
         assert client.ping()
@@ -24,8 +27,7 @@ def test_embedded_redis_prefers_redis_server(tmp_path, redis_server):
 
 
 def test_demo_runs_on_fakeredis_when_redis_server_is_missing(demo_dir, monkeypatch, capsys):
-    real_which = demo.shutil.which
-    monkeypatch.setattr(demo.shutil, "which", lambda name: None if name == "redis-server" else real_which(name))
+    monkeypatch.setattr(harness, "find_redis_server", lambda: None)
     assert demo.run_demo(checkpoint=demo_dir) == 0
     out = capsys.readouterr().out
     assert "fakeredis TcpFakeServer" in out and "demo OK" in out

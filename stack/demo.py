@@ -1,7 +1,7 @@
 """`vela2 demo`: the whole product on one machine, with nothing to set up.
 
 An embedded Redis (redis-server on a free loopback port when installed, else an in-process
-fakeredis TCP server), the demo checkpoint, one worker process (`celery -A worker.app worker`),
+fakeredis TCP server), the demo checkpoint, one worker process (stack.harness.WorkerProcess),
 sample requests of every kind submitted through producer.Client (choice, score, set, PII span, a
 bundled row, a long windowed row, a SystemOne request, a bulk chunk, a bad row), their answers
 and per-request timings printed, then a warm shutdown of the worker and Redis.
@@ -9,120 +9,21 @@ and per-request timings printed, then a warm shutdown of the worker and Redis.
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from producer.client import Client
-from producer.messages import read_answers
-from worker.app import ENV
+from stack.harness import WorkerProcess, embedded_redis
+from vela2.config import Vela2Config
+from vela2.wire.results import read_answers
 
 WORKER_START_TIMEOUT_S = 120.0  # model load + warm-up batch on a slow CPU
 ANSWER_TIMEOUT_S = 120.0
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_for_redis(url: str, timeout_s: float = 10.0) -> None:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-        finally:
-            client.close()
-
-
-def redis_server_command(exe: str, port: int, workdir: str | Path) -> list[str]:
-    """A throwaway redis-server on a loopback port: no RDB snapshots, no AOF, files in `workdir`."""
-    return [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(workdir)]
-
-
-@contextlib.contextmanager
-def embedded_redis(workdir: Path) -> Iterator[tuple[str, str]]:
-    """Yield (redis URL, what it is): redis-server if installed, else fakeredis' TCP server."""
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    exe = shutil.which("redis-server")
-    if exe:
-        proc = subprocess.Popen(
-            redis_server_command(exe, port, workdir),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            _wait_for_redis(url)
-            yield url, f"redis-server ({exe}) on port {port}"
-        finally:
-            proc.terminate()
-            proc.wait(10)
-        return
-    from fakeredis import TcpFakeServer
-
-    server = TcpFakeServer(("127.0.0.1", port), server_type="redis")
-    thread = threading.Thread(target=server.serve_forever, name="fakeredis", daemon=True)
-    thread.start()
-    try:
-        _wait_for_redis(url)
-        yield url, f"fakeredis TcpFakeServer (in-process) on port {port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def worker_command(hostname: str) -> list[str]:
-    """The command line of a worker process configured by VELA2_* variables (`celery -A worker.app`)."""
-    return [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "--loglevel", "INFO",
-            "--without-mingle", "--without-gossip", "--without-heartbeat", "--hostname", hostname]
-
-
-def start_worker(redis_url: str, checkpoint: str | Path, log_path: Path, **settings: Any) -> subprocess.Popen:
-    """Start `python -m celery -A worker.app worker` with VELA2_* settings; output to log_path."""
-    env = dict(os.environ)
-    env[ENV["redis_url"]] = redis_url
-    env[ENV["checkpoint"]] = str(checkpoint)
-    for name, value in settings.items():
-        env[ENV[name]] = str(value)
-    cmd = worker_command("vela2-demo@%h")
-    with open(log_path, "wb") as log_file:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-
-
-def wait_until_ready(proc: subprocess.Popen, log_path: Path, timeout_s: float = WORKER_START_TIMEOUT_S) -> None:
-    """Block until the worker logs that it is ready; RuntimeError (with its log) if it exits first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = log_path.read_text(errors="replace") if log_path.exists() else ""
-        if " ready." in text:
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"the worker exited with code {proc.returncode}:\n{text[-3000:]}")
-        time.sleep(0.1)
-    raise RuntimeError(f"the worker was not ready after {timeout_s:.0f} s:\n{log_path.read_text()[-3000:]}")
 
 
 def sample_requests(model_name: str) -> tuple[list[dict], dict, list[dict]]:
@@ -219,6 +120,15 @@ def _collect(client: Client, ids: list[str], t0: float, timeout_s: float) -> tup
     return answers, seen_ms
 
 
+def _stats_line(stats: dict[str, Any] | None) -> str:
+    if stats is None:
+        return "no engine stats (it did not stop warmly)"
+    r = stats["results"]
+    return (f"answered {stats['answered']} requests (ok {r['ok']}, error {r['error']}, expired {r['expired']}), "
+            f"{stats['duplicates']} duplicates skipped; acked {stats['messages_acked']} messages, returned "
+            f"{stats['messages_returned']} to the queue; {stats['batches']} batches")
+
+
 def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 4096, max_wait_ms: float = 10.0) -> int:
     """Run the demo; returns 0 when every request was answered and the worker shut down cleanly."""
     with tempfile.TemporaryDirectory(prefix="vela2-demo-") as tmp:
@@ -228,23 +138,20 @@ def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 40
 
             print("writing the demo checkpoint ...", flush=True)
             checkpoint = vela2.init_demo(work / "checkpoint")
-        from vela2.config import Vela2Config
-
         model_name = Vela2Config.read(checkpoint).name
         with embedded_redis(work) as (url, what):
             print(f"redis: {what}")
-            log_path = work / "worker.log"
-            worker = start_worker(url, checkpoint, log_path, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms)
+            worker = WorkerProcess.start(url, checkpoint, work / "worker.log", name="vela2-demo",
+                                         max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms)
             ids: list[str] = []
             answers: dict[str, Any] = {}
             try:
-                t_start = time.monotonic()
                 try:
-                    wait_until_ready(worker, log_path)
+                    worker.wait_ready(WORKER_START_TIMEOUT_S)
                 except RuntimeError as e:
                     print(f"demo FAILED: {e}")
                     return 1
-                print(f"worker ready in {time.monotonic() - t_start:.1f} s (pid {worker.pid}, model {model_name})")
+                print(f"worker ready in {worker.ready_s:.1f} s (pid {worker.pid}, model {model_name})")
                 client = Client(url, model=model_name)
                 online, bad, chunk = sample_requests(model_name)
                 t0 = time.monotonic()
@@ -259,24 +166,24 @@ def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 40
                 _print_answers(ids, answers, seen_ms)
                 client.close()
             finally:
-                worker.send_signal(signal.SIGTERM)
-                try:
-                    code = worker.wait(60)
-                except subprocess.TimeoutExpired:
-                    worker.kill()
-                    code = worker.wait()
-            summary = [line for line in log_path.read_text(errors="replace").splitlines() if "engine stopped" in line]
-            print(
-                f"\nworker stopped (exit code {code}): {summary[-1].split('engine stopped: ')[-1] if summary else '?'}"
-            )
+                code = worker.terminate(60)
+            print(f"\nworker stopped (exit code {code}): {_stats_line(worker.engine_stats())}")
         missing = [i for i in ids if i not in answers]
         if missing or code != 0:
             print(f"demo FAILED: {len(missing)} unanswered {missing[:5]}; worker exit code {code}")
-            print(log_path.read_text(errors="replace")[-3000:] if log_path.exists() else "")
+            print(worker.log()[-3000:])
             return 1
         print("demo OK")
         return 0
 
 
+def main(argv: list[str]) -> int:
+    """the main job: embedded Redis, a worker, sample requests of every kind, answers"""
+    ap = argparse.ArgumentParser(prog="vela2 demo", description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", help="demo checkpoint to use (default: written to a temporary folder)")
+    args = ap.parse_args(argv)
+    return run_demo(args.checkpoint)
+
+
 if __name__ == "__main__":
-    sys.exit(run_demo())
+    sys.exit(main(sys.argv[1:]))

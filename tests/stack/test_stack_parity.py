@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from bench.workload import make_workload
+from stack.parity import compare, format_report
 from vela2.cli import main
-from worker.parity import compare, format_report
 
 
 def test_parity_command_on_the_demo_checkpoint(demo_dir, redis_url, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Celery protocol v2 messages for kombu's Redis transport, built without importing celery.
+"""Celery protocol v2 messages for kombu's Redis transport: built by producers, decoded by workers.
 
 A message is a JSON envelope LPUSHed onto the queue's list (kombu's Redis transport BRPOPs the
 other end). The body is base64(JSON [args, kwargs, embed]):
@@ -8,10 +8,9 @@ other end). The body is base64(JSON [args, kwargs, embed]):
   every request is answered under its own id, the chunk id gets a small summary.
 
 A deadline becomes Celery's `expires` header (ISO 8601); the worker answers `expired` after it.
-This module is also the worker's decoder of the same layout (`decode_body`) and the reader of
-stored results (`read_results`: Celery's result meta under `celery-task-meta-<id>`, written by
-worker.results), so the wire format lives in one place. Standard library, vela2.schemas and
-worker.keys only: no celery, no torch.
+`build_message` writes the layout; `decode_delivery` reads a delivered message back (headers +
+body + content type -> its id, its requests with the ids they are answered under, its expiry), so
+the worker and every fake of it decode exactly what the producer built.
 """
 
 from __future__ import annotations
@@ -21,15 +20,14 @@ import json
 import os
 import socket
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, LimitExceeded
-from vela2.schemas import RowResult, content_id
-from worker.keys import TASK_NAME, chunk_id, result_key
+from vela2.schemas import content_id
+from vela2.wire.keys import TASK_NAME, chunk_id
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _REPR_CHARS = 1024  # argsrepr / kwargsrepr are for humans (flower, logs); keep them short
@@ -200,50 +198,76 @@ def decode_body(body: bytes | str, content_type: str | None = "application/json"
     return Body([args[0]], False)
 
 
-# --- results (written by worker.results) -------------------------------------------------------
+def message_id(headers: dict[str, Any]) -> str | None:
+    """The task id in a delivery's headers (a request's id, or a chunk's); None when missing."""
+    mid = headers.get("id")
+    return mid if isinstance(mid, str) and mid else None
 
 
-def parse_meta(raw: bytes | str | None) -> RowResult | None:
-    """The RowResult in a stored meta; None when there is none (missing key, a chunk summary)."""
-    if raw is None:
-        return None
-    meta = json.loads(raw)
-    row = meta.get("vela2") if isinstance(meta, dict) else None
-    return RowResult.model_validate(row) if row is not None else None
+def header_ids(headers: dict[str, Any]) -> list[str]:
+    """The row ids a chunk's `vela2_ids` header lists ([] for a single request or none given)."""
+    ids = headers.get("vela2_ids")
+    return [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
 
 
-def parse_answer(raw: bytes | str | None) -> dict[str, Any] | None:
-    """The product answer in a stored meta: the SystemOne answer of a SystemOne request, else the
-    RowResult dict; None when there is none."""
-    if raw is None:
-        return None
-    meta = json.loads(raw)
-    if not isinstance(meta, dict):
-        return None
-    return meta.get("vela2_answer") or meta.get("vela2")
+@dataclass(frozen=True)
+class Delivered:
+    """A decoded delivery: the message id, whether it is a chunk, its requests as (id, request)
+    pairs in order (an id repeated inside one chunk is answered once: `repeated` counts the rest),
+    and its deadline."""
+
+    message_id: str
+    chunk: bool
+    requests: list[tuple[str, Any]]
+    expires: datetime | None
+    repeated: int = 0
 
 
-SUBMITTED_PREFIX = "vela2:submitted:"  # a short-lived marker a tracking client sets at submit time
-DEFAULT_SUBMITTED_TTL_S = 86_400  # as long as a result lives (Celery's default result_expires)
+def decode_delivery(
+    mid: str,
+    headers: dict[str, Any],
+    body: bytes | str,
+    content_type: str | None = "application/json",
+    *,
+    max_message_bytes: int = LIMITS.max_message_bytes,
+) -> Delivered:
+    """Decode the delivery of message `mid` (see `message_id`); raises InvalidRequest /
+    LimitExceeded naming what is wrong (the caller answers the ids it knows: `header_ids`, else `mid`)."""
+    if len(body) > max_message_bytes:
+        raise LimitExceeded(f"message has {len(body):,} bytes; limit {max_message_bytes:,}")
+    decoded = decode_body(body, content_type)
+    expires = parse_expires(headers.get("expires"))
+    pairs: dict[str, Any] = {}
+    repeated = 0
+    for obj in decoded.requests:
+        rid = request_id(obj) if decoded.chunk else mid
+        if rid in pairs:
+            repeated += 1
+            continue
+        pairs[rid] = obj
+    return Delivered(mid, decoded.chunk, list(pairs.items()), expires, repeated)
 
 
-def submitted_key(request_id: str) -> str:
-    """The marker key of a submitted request (`vela2:submitted:<id>`, value: its queue), so a reader
-    can tell "submitted, not answered yet" from "never seen"."""
-    return SUBMITTED_PREFIX + request_id
+@dataclass(frozen=True)
+class Envelope:
+    """What kombu's Redis transport hands a consumer from one queue item."""
+
+    headers: dict[str, Any]
+    body: bytes
+    content_type: str | None
 
 
-def _mget(redis: Any, ids: list[str]) -> list[Any]:
-    return redis.mget([result_key(rid) for rid in ids]) if ids else []
-
-
-def read_results(redis: Any, ids: Iterable[str]) -> dict[str, RowResult | None]:
-    """id -> stored RowResult (None while there is none), with ONE round trip (MGET)."""
-    ids = list(ids)
-    return {rid: parse_meta(raw) for rid, raw in zip(ids, _mget(redis, ids), strict=True)}
-
-
-def read_answers(redis: Any, ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
-    """id -> stored answer dict (see `parse_answer`; None while there is none), one round trip."""
-    ids = list(ids)
-    return {rid: parse_answer(raw) for rid, raw in zip(ids, _mget(redis, ids), strict=True)}
+def decode_envelope(payload: bytes | str) -> Envelope:
+    """A queue item (the JSON envelope `build_message` LPUSHes) -> headers, raw body, content type;
+    raises InvalidRequest when it is no envelope (what kombu would choke on)."""
+    try:
+        env = json.loads(payload)
+        headers = env["headers"]
+        raw = env["body"]
+        encoding = (env.get("properties") or {}).get("body_encoding")
+        body = base64.b64decode(raw, validate=True) if encoding == "base64" else str(raw).encode()
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InvalidRequest(f"queue item is not a Celery message envelope: {type(e).__name__}: {e}") from None
+    if not isinstance(headers, dict):
+        raise InvalidRequest(f"envelope headers must be an object; got {type(headers).__name__}")
+    return Envelope(headers, body, env.get("content-type"))

@@ -1,0 +1,81 @@
+"""Every Redis key, queue and task name that producers and workers use, in one place."""
+
+from __future__ import annotations
+
+TASK_NAME = "vela2.score"  # the Celery task name of every scoring message
+RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend prefix: AsyncResult(id) reads it
+CHUNK_PREFIX = "chunk-"  # message id of a bulk chunk; each row is answered under its own id
+QUEUE_PREFIX = "vela2."
+BACKFILL_SUFFIX = ".backfill"
+DEAD_SUFFIX = ".dead"
+ATTEMPTS_PREFIX = "vela2:attempts:"  # INCR per delivery that starts running a request; deleted once answered
+SUBMITTED_PREFIX = "vela2:submitted:"  # a marker a tracking client sets at submit time (value: the queue)
+
+# kombu's Redis transport: delivered, not yet acknowledged messages live in these (its defaults),
+# and priority messages in sub-lists named <queue><sep><priority>.
+UNACKED_KEY = "unacked"
+UNACKED_INDEX_KEY = "unacked_index"
+KOMBU_PRIORITY_SEP = "\x06\x16"
+KOMBU_PRIORITY_STEPS = (3, 6, 9)
+
+
+def result_key(request_id: str) -> str:
+    """The key (and pub/sub channel) of one request's result: `celery-task-meta-<id>`."""
+    return RESULT_PREFIX + request_id
+
+
+def submitted_key(request_id: str) -> str:
+    """The marker key of a submitted request (`vela2:submitted:<id>`), so a reader can tell
+    "submitted, not answered yet" from "never seen"."""
+    return SUBMITTED_PREFIX + request_id
+
+
+def attempts_key(request_id: str) -> str:
+    """The counter of deliveries in which a request started running (`vela2:attempts:<id>`)."""
+    return ATTEMPTS_PREFIX + request_id
+
+
+def online_queue(model_name: str) -> str:
+    """The queue of interactive requests for a model, drained before its backfill queue."""
+    return f"{QUEUE_PREFIX}{model_name}"
+
+
+def backfill_queue(model_name: str) -> str:
+    """The lower-priority queue of bulk requests for a model."""
+    return f"{QUEUE_PREFIX}{model_name}{BACKFILL_SUFFIX}"
+
+
+def queue_name(model_name: str, *, backfill: bool = False) -> str:
+    """The queue of `model_name`: online, or backfill (lower priority)."""
+    return backfill_queue(model_name) if backfill else online_queue(model_name)
+
+
+def queues(model_name: str) -> list[str]:
+    """The queues a worker of `model_name` consumes, highest priority first."""
+    return [online_queue(model_name), backfill_queue(model_name)]
+
+
+def is_backfill_queue(queue: str) -> bool:
+    """True for a backfill queue's name (its batches yield to online ones)."""
+    return queue.endswith(BACKFILL_SUFFIX)
+
+
+def dead_letter(model_name: str) -> str:
+    """The dead-letter list of a model: a JSON entry per poison request (one that was running each
+    time a worker died, max_attempts times), newest first. Not a queue any worker consumes."""
+    return f"{QUEUE_PREFIX}{model_name}{DEAD_SUFFIX}"
+
+
+def priority_lists(queue: str) -> list[str]:
+    """The Redis lists kombu keeps for `queue`: the queue itself and its priority sub-lists."""
+    return [queue, *(f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS)]
+
+
+def chunk_id(uuid_hex: str) -> str:
+    """The message id of a bulk chunk."""
+    return CHUNK_PREFIX + uuid_hex
+
+
+def is_chunk_id(message_id: str) -> bool:
+    """True for the id of a bulk chunk message."""
+    return message_id.startswith(CHUNK_PREFIX)

@@ -1,0 +1,19 @@
+"""`vela2 worker`: the Celery GPU worker, one process per device. Every flag is a worker setting
+(worker.settings); a setting not given on the command line comes from its VELA2_* variable."""
+
+from __future__ import annotations
+
+import argparse
+
+from worker import settings as worker_settings
+
+
+def main(argv: list[str]) -> int:
+    """the Celery GPU worker (one process per device)"""
+    ap = argparse.ArgumentParser(prog="vela2 worker", description=__doc__)
+    worker_settings.add_arguments(ap)
+    ap.add_argument("--loglevel", default="INFO")
+    args = ap.parse_args(argv)
+    from worker.app import run_worker  # celery and the model stack load only to run
+
+    return run_worker(worker_settings.from_arguments(args), loglevel=args.loglevel)

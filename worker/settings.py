@@ -1,0 +1,253 @@
+"""Every setting of a worker process, declared once.
+
+`WorkerSettings` holds the process knobs and, nested, the engine's (`EngineSettings`). From each
+field's name, type, default and help come the environment variable (`VELA2_<NAME>`, what
+`celery -A worker.app worker` reads), the `vela2 worker` flag (`--name-with-dashes`) and the
+README's settings table (`python -m worker.settings` prints it; a test fails when it is stale).
+Standard library and vela2.config only: the process harness and the CLI import this module
+without celery or torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from typing import Any
+
+from vela2.config import DEFAULT_MAX_BATCH_TOKENS, LIMITS, PRECISIONS, Vela2Config, default_precision
+from vela2.errors import ConfigError
+from vela2.wire.results import DEFAULT_RESULT_EXPIRES_S
+
+ENV_PREFIX = "VELA2_"
+ATTN_BACKENDS = ("sdpa", "flex")
+DTYPES = ("float32", "bfloat16")
+
+
+def setting(default: Any, help: str, *, env: str | None = None, flag: str | None = None,
+            choices: tuple[str, ...] | None = None) -> Any:
+    """A settings field: its default, its one-line help, and (rarely) a name other than the rule's."""
+    return field(default=default, metadata={"help": help, "env": env, "flag": flag, "choices": choices})
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The batching engine's knobs (worker.engine)."""
+
+    max_batch_tokens: int = setting(DEFAULT_MAX_BATCH_TOKENS, "padded tokens (longest x count) per device batch")
+    max_wait_ms: float = setting(20.0, "longest a request waits for company before its bucket flushes")
+    precision: str | None = setting(None, "run_batch precision; default bf16 on CUDA, fp32 elsewhere",
+                                    choices=PRECISIONS)
+    render_threads: int = setting(2, "CPU threads that render rows ahead of the device and decode results")
+    max_message_bytes: int = setting(LIMITS.max_message_bytes, "larger messages get a limit_exceeded error")
+    row_tokens: int = setting(0, "pack several short sequences per row of this many tokens; 0: one per row")
+    max_attempts: int = setting(3, "deliveries a request may crash a worker in before it is dead-lettered")
+    attempts_ttl_s: int = setting(86_400, "TTL of a request's attempt counter (outlives many redeliveries)")
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker process needs; `from_env()` reads the VELA2_* variables."""
+
+    redis_url: str = setting("redis://127.0.0.1:6379/0", "broker and result backend URL", flag="--redis")
+    checkpoint: str | None = setting(None, "checkpoint directory (required)")
+    device: str = setting("cpu", "cuda:0, cpu, ...: one worker process per device")
+    dtype: str | None = setting(None, "backbone dtype; default bfloat16 for bf16, else float32", choices=DTYPES)
+    visibility_timeout_s: float = setting(3600.0, "unacked messages return to the queue after this long")
+    max_buffered: int = setting(256, "messages the worker holds at once (the broker prefetch count)")
+    result_expires_s: int = setting(DEFAULT_RESULT_EXPIRES_S, "TTL of stored results")
+    shutdown_timeout_s: float = setting(60.0, "warm shutdown: finish what is held within this, return the rest")
+    metrics_port: int = setting(0, "serve Prometheus metrics on this port; 0: off")
+    model_name: str | None = setting(None, "queue naming; default the checkpoint's name", env="VELA2_MODEL",
+                                     flag="--model")
+    attn: str = setting("sdpa", "attention backend: sdpa (dense tree mask) or flex (block-sparse, compiled)",
+                        choices=ATTN_BACKENDS)
+    random_weights: int = setting(0, "1: seeded random weights instead of the stored ones (benchmarks only)")
+    task_events: int = setting(0, "1: send Celery task events for Flower (also on with `celery worker -E`)")
+    engine: EngineSettings = field(default_factory=EngineSettings)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WorkerSettings:
+        """Settings from VELA2_* variables, then `overrides` (flat names, e.g. max_wait_ms=5) that are
+        not None (CLI flags)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for spec in specs():
+            raw = env.get(spec.env)
+            if raw is not None and raw != "":
+                values[spec.name] = spec.parse(raw, spec.env)
+        unknown = set(overrides) - {s.name for s in specs()}
+        if unknown:
+            raise ConfigError(f"unknown worker settings {sorted(unknown)}")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_flat(values)
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> WorkerSettings:
+        """Settings from flat names (engine knobs beside process knobs)."""
+        engine_names = {f.name for f in fields(EngineSettings)}
+        engine = EngineSettings(**{k: v for k, v in values.items() if k in engine_names})
+        return cls(**{k: v for k, v in values.items() if k not in engine_names}, engine=engine)
+
+    @property
+    def resolved_precision(self) -> str:
+        return self.engine.precision or default_precision(self.device)
+
+    @property
+    def resolved_dtype(self) -> str:
+        if self.dtype:
+            return self.dtype
+        # the same rule as every other serving path (vela2.checkpoint.serving_dtype)
+        return "bfloat16" if self.resolved_precision == "bf16" else "float32"
+
+    def engine_settings(self) -> EngineSettings:
+        """The engine's knobs with the precision resolved for this device."""
+        return replace(self.engine, precision=self.resolved_precision)
+
+    def resolved_model_name(self) -> str:
+        """The model name the queues are named after (reads the checkpoint's config.json)."""
+        if self.model_name:
+            return self.model_name
+        if not self.checkpoint:
+            raise ConfigError(f"no checkpoint: pass --checkpoint or set {env_name('checkpoint')}")
+        return Vela2Config.read(self.checkpoint).name
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first inconsistent setting."""
+        for spec in specs():
+            value = spec.get(self)
+            if spec.choices and value is not None and value not in spec.choices:
+                raise ConfigError(f"{spec.name} must be one of {', '.join(spec.choices)}; got {value!r}")
+        for name in ("max_batch_tokens", "max_buffered", "render_threads", "result_expires_s", "max_attempts",
+                     "max_message_bytes", "attempts_ttl_s"):
+            if _get(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1; got {_get(self, name)}")
+        for name in ("max_wait_ms", "shutdown_timeout_s", "row_tokens", "metrics_port"):
+            if _get(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0; got {_get(self, name)}")
+        if self.visibility_timeout_s <= 0:
+            raise ConfigError(f"visibility_timeout_s must be > 0; got {self.visibility_timeout_s}")
+
+    def transport_options(self) -> dict[str, Any]:
+        """kombu Redis transport options: priority queue order, visibility timeout, and a restore
+        sweep often enough that a dead worker's messages come back soon after the timeout."""
+        return {
+            "visibility_timeout": self.visibility_timeout_s,
+            "queue_order_strategy": "priority",
+            "unacked_restore_interval": max(1, min(10, int(self.visibility_timeout_s // 10))),
+            "unacked_restore_throttle": 1,
+        }
+
+
+# --- what is derived from the fields ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One flat setting: its name, type, default, help, environment variable and flag."""
+
+    name: str
+    type: type
+    optional: bool
+    default: Any
+    help: str
+    env: str
+    flag: str
+    choices: tuple[str, ...] | None
+    nested: bool  # an engine knob (WorkerSettings.engine.<name>)
+
+    def get(self, settings: WorkerSettings) -> Any:
+        return getattr(settings.engine if self.nested else settings, self.name)
+
+    def parse(self, raw: str, source: str) -> Any:
+        """A string (environment, command line) as this setting's type; ConfigError naming `source`."""
+        if self.type is str:
+            return raw
+        try:
+            return self.type(raw)
+        except ValueError:
+            raise ConfigError(f"{source} must be {'an integer' if self.type is int else 'a number'}; "
+                              f"got {raw!r}") from None
+
+
+_TYPES = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float, "str | None": str}
+
+
+def _spec(f: Field, nested: bool) -> Spec:
+    kind = str(f.type)
+    default = f.default if f.default is not MISSING else None
+    meta = f.metadata
+    return Spec(
+        name=f.name,
+        type=_TYPES[kind],
+        optional=kind.endswith("| None"),
+        default=default,
+        help=meta["help"],
+        env=meta.get("env") or ENV_PREFIX + f.name.upper(),
+        flag=meta.get("flag") or "--" + f.name.replace("_", "-"),
+        choices=meta.get("choices"),
+        nested=nested,
+    )
+
+
+def specs() -> Iterator[Spec]:
+    """Every flat setting, process knobs first, then the engine's."""
+    for f in fields(WorkerSettings):
+        if f.name != "engine":
+            yield _spec(f, nested=False)
+    for f in fields(EngineSettings):
+        yield _spec(f, nested=True)
+
+
+def _get(settings: WorkerSettings, name: str) -> Any:
+    return next(s for s in specs() if s.name == name).get(settings)
+
+
+def env_name(name: str) -> str:
+    """The environment variable of a flat setting (`max_wait_ms` -> `VELA2_MAX_WAIT_MS`)."""
+    for spec in specs():
+        if spec.name == name:
+            return spec.env
+    raise KeyError(f"no worker setting {name!r}")
+
+
+def to_env(values: Mapping[str, Any]) -> dict[str, str]:
+    """Flat settings as the environment of a worker process (None values are left out)."""
+    return {env_name(k): str(v) for k, v in values.items() if v is not None}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, default None (unset flags leave the environment's value)."""
+    for spec in specs():
+        parser.add_argument(spec.flag, dest=spec.name, type=_flag_parser(spec), choices=spec.choices, default=None,
+                            help=f"{spec.help} ({spec.env})")
+
+
+def _flag_parser(spec: Spec) -> Any:
+    def parse(raw: str) -> Any:
+        try:
+            return spec.parse(raw, spec.flag)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def from_arguments(args: argparse.Namespace) -> WorkerSettings:
+    """Settings from parsed flags over the VELA2_* environment."""
+    return WorkerSettings.from_env(**{spec.name: getattr(args, spec.name) for spec in specs()})
+
+
+def markdown_table() -> str:
+    """The README's settings table."""
+    lines = ["| setting | flag | environment | default | what |", "|---|---|---|---|---|"]
+    for spec in specs():
+        default = "—" if spec.default is None else f"`{spec.default}`"
+        lines.append(f"| `{spec.name}` | `{spec.flag}` | `{spec.env}` | {default} | {spec.help} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table() + "\n")

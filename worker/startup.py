@@ -1,0 +1,146 @@
+"""Worker start-up: load the model, measure the worst batch, check the visibility timeout against
+it, start the engine.
+
+The visibility rule: kombu's Redis transport hands an unacked message to another worker once the
+visibility timeout passes, so a worker must never hold a message that long. A message waits at most
+max_wait, then behind every batch a full buffer needs; the worker measures its worst batch (a full
+`max_batch_tokens` of its longest windows) at start and refuses a visibility timeout shorter than
+max_wait + (buffered batches + 1) x worst batch x 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vela2.errors import ConfigError
+from vela2.wire import keys
+from vela2.wire.results import ResultStore
+from worker import faults
+from worker.engine import Engine
+from worker.faults import WARMUP_ID
+from worker.metrics import Metrics
+from worker.settings import EngineSettings, WorkerSettings, env_name
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None] | None = None) -> Engine:
+    """Load the model once, measure the worst batch, check the visibility timeout, start the engine.
+    `on_stored` sees every batch of stored results (Celery task events, worker.app)."""
+    import redis
+    import torch
+
+    import vela2
+    import vela2.pipeline
+
+    settings.validate()
+    if not settings.checkpoint:
+        raise ConfigError(f"no checkpoint: pass --checkpoint or set {env_name('checkpoint')}")
+    model = vela2.load(settings.checkpoint, device=settings.device, dtype=getattr(torch, settings.resolved_dtype),
+                       random_weights=bool(settings.random_weights))
+    if settings.attn != "sdpa":
+        model.set_attention(settings.attn)
+    model.check_precision(settings.resolved_precision)
+    if model.name != settings.resolved_model_name():
+        raise ConfigError(f"checkpoint model {model.name!r} does not match the queue model {settings.model_name!r}")
+    engine_settings = settings.engine_settings()
+    pipeline = faults.wrap(vela2.pipeline)
+    worst_s = measure_worst_batch_s(model, engine_settings, pipeline)
+    batches = buffered_batches(settings.max_buffered, model.config.max_window_tokens, settings.engine.max_batch_tokens)
+    check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, batches, worst_s)
+    client = redis.Redis.from_url(settings.redis_url)
+    store = ResultStore(client, settings.result_expires_s)
+    metrics = Metrics(row_tokens=settings.engine.row_tokens)
+    metrics.describe_worker(model=model.name, device=settings.device, precision=settings.resolved_precision,
+                            redis=client, queues=keys.queues(model.name))
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port)
+    engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored)
+    engine.start()
+    log.info(
+        "vela2 engine ready: model %s on %s (%s), max_batch_tokens %d, max_wait_ms %g, worst batch %.3f s, "
+        "visibility timeout %g s, max_buffered %d, queues %s",
+        model.name,
+        settings.device,
+        settings.resolved_precision,
+        settings.engine.max_batch_tokens,
+        settings.engine.max_wait_ms,
+        worst_s,
+        settings.visibility_timeout_s,
+        settings.max_buffered,
+        ", ".join(keys.queues(model.name)),
+    )
+    return engine
+
+
+def warmup_row(max_window_tokens: int) -> dict[str, Any]:
+    """A long synthetic row (choice + span blocks) whose windows fill `max_window_tokens`."""
+    words = (
+        "Alice from Acme wrote to the support team about order 4471 and the refund was sent "
+        "on Monday while the weather in the city stayed green and quiet"
+    ).split()
+    n = max_window_tokens * 2
+    return {
+        "id": WARMUP_ID,
+        "task": "choice:warmup",
+        "text": " ".join(words[i % len(words)] for i in range(n)),
+        "questions": [
+            {"question": "Is the customer satisfied?", "options": ["yes", "no"]},
+            {"task": "span:warmup", "labels": ["person", "company"]},
+        ],
+    }
+
+
+def measure_worst_batch_s(model: Any, settings: EngineSettings, pipeline: Any = None) -> float:
+    """Run one batch at `max_batch_tokens` (copies of the longest window of `warmup_row`) twice;
+    returns the second, warm time in seconds (the first pays one-off start-up costs)."""
+    if pipeline is None:
+        import vela2.pipeline as pipeline
+    prep = pipeline.prepare(model, warmup_row(model.config.max_window_tokens))
+    longest = max(prep.sequences, key=lambda s: s.num_tokens)
+    batch = [longest] * max(1, settings.max_batch_tokens // longest.num_tokens)
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        pipeline.run_batch(model, batch, settings.precision, settings.row_tokens or None)
+        _synchronize(model)
+        times.append(time.perf_counter() - t0)
+    log.info(
+        "warm-up batch: %d x %d tokens in %.3f s (first %.3f s)", len(batch), longest.num_tokens, times[1], times[0]
+    )
+    return times[1]
+
+
+def _synchronize(model: Any) -> None:
+    torch = sys.modules.get("torch")
+    device = getattr(model, "device", None)
+    if torch is not None and getattr(device, "type", None) == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def buffered_batches(max_buffered: int, max_window_tokens: int, max_batch_tokens: int) -> int:
+    """Batches a full buffer needs in the worst case for single-window rows: every buffered message
+    a row of max_window_tokens tokens."""
+    per_batch = max(1, max_batch_tokens // max(1, max_window_tokens))
+    return -(-max(1, max_buffered) // per_batch)
+
+
+def required_visibility_s(max_wait_ms: float, batches: int, worst_batch_s: float) -> float:
+    """The least visibility timeout: max_wait + (buffered batches + 1) x worst batch x 2."""
+    return max_wait_ms / 1e3 + (batches + 1) * worst_batch_s * 2
+
+
+def check_visibility(visibility_timeout_s: float, max_wait_ms: float, batches: int, worst_batch_s: float) -> None:
+    """Refuse to start (ConfigError) when a message could outlive the visibility timeout while this
+    worker still holds it (it would be redelivered to another worker and scored twice)."""
+    need = required_visibility_s(max_wait_ms, batches, worst_batch_s)
+    if visibility_timeout_s <= need:
+        raise ConfigError(
+            f"visibility timeout {visibility_timeout_s:g} s is too short: it must exceed max_wait "
+            f"{max_wait_ms / 1e3:g} s + ({batches} buffered batches + 1) x worst batch {worst_batch_s:.3f} s "
+            f"x 2 = {need:.1f} s; raise --visibility-timeout-s, or lower --max-batch-tokens / max_buffered"
+        )
