@@ -128,7 +128,9 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
+    """1 / (1 + exp(-x)); exp overflowing for x < -709 gives the exact limit 0, without a warning."""
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
 
 
 def choice_probs(logits: np.ndarray, temperature: float, n_options: int) -> tuple[np.ndarray, float]:
@@ -140,16 +142,38 @@ def choice_probs(logits: np.ndarray, temperature: float, n_options: int) -> tupl
     """
     if logits.shape != (n_options + 1,):
         raise ValueError(f"expected {n_options + 1} logits (options + [ABS]); got shape {logits.shape}")
-    scaled = logits.astype(np.float64) / temperature
-    probs = softmax(scaled[:n_options])
-    abstain = float(softmax(scaled)[n_options])
+    # A temperature so small that logits / T overflows gives NaN here, without a warning; results
+    # refuse non-finite numbers (vela2.pipeline.finish answers such a row with a model_error).
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = logits.astype(np.float64) / temperature
+        probs = softmax(scaled[:n_options])
+        abstain = float(softmax(scaled)[n_options])
     return probs, abstain
 
 
-def expected_value(options: list[str], probs: np.ndarray) -> float | None:
-    """Probability-weighted option value of a score block; None when an option is not numeric."""
+def option_value(option: str) -> float | None:
+    """The number an option stands for: `float(option)` when that is finite, else None ("nan",
+    "inf", "-Infinity" and "1e999" are not numbers here)."""
     try:
-        values = np.array([float(o) for o in options])
+        value = float(option)
     except ValueError:
         return None
-    return float((values * probs).sum())
+    return value if math.isfinite(value) else None
+
+
+def expected_value(options: list[str], probs: np.ndarray) -> float | None:
+    """Probability-weighted option value of a score block; None unless every option is numeric
+    (`option_value`). Always finite: it lies between the smallest and the largest value."""
+    parsed = [option_value(o) for o in options]
+    if not parsed or any(v is None for v in parsed):
+        return None
+    values = np.array(parsed, dtype=np.float64)
+    p = np.asarray(probs, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float((values * p).sum())
+        if not math.isfinite(total):  # values near the float limit: sum the scaled values instead
+            scale = float(np.abs(values).max())
+            total = float((values / scale * p).sum()) * scale
+    if math.isnan(total):
+        return None
+    return min(max(total, float(values.min())), float(values.max()))

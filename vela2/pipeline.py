@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from vela2.calibration import choice_probs, expected_value, sigmoid
+from vela2.errors import ModelError
 from vela2.modeling import HeadInputs, Vela2Model
 from vela2.packing import plan_rows
 from vela2.rendering import RenderedRow, Sequence, render_row
@@ -171,6 +173,17 @@ def merge_span_windows(rendered: RenderedRow, outputs: list[SeqOutput], question
     return merged
 
 
+def check_finite(outputs: list[SeqOutput]) -> None:
+    """Raise ModelError when a window's raw head output holds NaN or infinity: such logits cannot
+    be answered (a result never carries a non-finite number), the row gets a model_error."""
+    for w, out in enumerate(outputs):
+        for what, arrays in (("option", out.options), ("span", out.spans)):
+            for q, arr in arrays.items():
+                if not np.isfinite(arr).all():
+                    bad = int(np.count_nonzero(~np.isfinite(arr)))
+                    raise ModelError(f"question {q}: the model gave {bad:,} non-finite {what} logits in window {w}")
+
+
 def pool_option_windows(outputs: list[SeqOutput], question: int) -> np.ndarray:
     """Option logits of a question pooled over windows: the mean of the windows' raw logits."""
     return np.mean(np.stack([o.options[question] for o in outputs]), axis=0)
@@ -246,18 +259,25 @@ def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings:
     """Pool windows, calibrate and decode: the RowResult of one prepared row.
 
     outputs: one SeqOutput per sequence of `prep`, in window order. `timings` gets decode_ms.
+    Raises ModelError when an output or a number of the answer is not finite.
     """
     if len(outputs) != len(prep.sequences):
         raise ValueError(f"finish needs {len(prep.sequences)} sequence outputs; got {len(outputs)}")
     t0 = time.perf_counter()
     row = prep.row
+    check_finite(outputs)
     answers = []
     for q in range(len(row.questions)):
         task = row.question_task(q)
-        if task.startswith("span:"):
-            answers.append(_span_answer(model, prep, q, task, merge_span_windows(prep.rendered, outputs, q)))
-        else:
-            answers.append(_option_answer(model, prep, q, task, pool_option_windows(outputs, q)))
+        try:
+            if task.startswith("span:"):
+                answers.append(_span_answer(model, prep, q, task, merge_span_windows(prep.rendered, outputs, q)))
+            else:
+                answers.append(_option_answer(model, prep, q, task, pool_option_windows(outputs, q)))
+        except ValidationError as e:  # a non-finite number (results never carry NaN or infinity)
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ModelError(f"question {q}: {where}: {err['msg']}; got {err.get('input')!r:.80}") from None
     timings = {**timings, "render_ms": prep.render_ms, "decode_ms": (time.perf_counter() - t0) * 1e3}
     return RowResult(id=row.id, task=row.task, status=Status.ok, answers=answers,
                      timings={k: round(v, 3) for k, v in timings.items()},

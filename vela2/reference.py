@@ -25,7 +25,7 @@ def predict(
 ) -> list[RowResult]:
     """Score rows (dicts or `Row`s); one RowResult per row, in order.
 
-    A row that fails validation or rendering gets an error result; the other rows still run.
+    A row that fails validation, rendering or decoding gets an error result; the other rows still run.
     Sequences of all rows are packed together by length under `max_batch_tokens` (padded tokens);
     with `row_tokens`, several short sequences share a row of that many tokens (see vela2.packing.pack).
     """
@@ -53,5 +53,8 @@ def predict(
     # pack() places every sequence in one batch, so no output and no result is left None here.
     for i, prep in preps.items():
         seq_outputs = cast("list[SeqOutput]", outputs[i])
-        results[i] = finish(model, prep, seq_outputs, {"queue_ms": 0.0, "model_ms": model_ms[i]})
+        try:
+            results[i] = finish(model, prep, seq_outputs, {"queue_ms": 0.0, "model_ms": model_ms[i]})
+        except Vela2Error as e:  # e.g. non-finite logits: a model_error result for this row only
+            results[i] = error_result(prep.row.id, prep.row.task, e)
     return cast("list[RowResult]", results)

@@ -9,7 +9,9 @@ and at each context word's first token. Position ids of every block start at the
 so each block sees exactly what it would see if it were asked alone.
 
 A context longer than `max_window_tokens - 1 - max(block reserve, longest block)` is split into
-overlapping word windows; every window is its own sequence carrying all blocks. Blocks that fit the
+overlapping word windows (`plan_windows`; each step at least half a window, no word in more than 2
+windows, at most `window_bound` windows); every window is its own sequence
+carrying all blocks. Blocks that fit the
 reserve (config `window_block_reserve_tokens`, default an eighth of the window) leave the windows
 of a text unchanged, so a bundled answer equals the answer asked alone, long texts included.
 Rendering is a pure function of
@@ -23,18 +25,46 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
+import regex
 
 from vela2.config import LIMITS, Vela2Config
 from vela2.errors import LimitExceeded
 from vela2.schemas import Row, split_task
 
-# Scripts written without spaces (Han, Hiragana, Katakana): one character per word, so a Japanese or
-# Chinese sentence is not one giant word. Other word characters form words of at most 64 characters
-# (a longer run, e.g. a base64 blob, is split into several words), joined by at most 7 hyphens or
-# underscores; any other non-space character is a word of its own.
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_W = f"[^\\W{_CJK}]{{1,64}}"
-WORD_RE = re.compile(f"[{_CJK}]|{_W}(?:[-_]{_W}){{0,7}}|\\S")
+# Scripts written without spaces: one character per word, so a Japanese or Chinese sentence is not
+# one giant word. Membership is the exact Unicode Script property (per the `regex` module, which
+# knows newer Unicode than `re`): CJK extensions, compatibility ideographs, halfwidth katakana, kana
+# supplements and 々 included. Other word characters (`re`'s \w) form words of at most 64
+# characters (a longer run, e.g. a base64 blob, is split into several words), joined by at most 7
+# hyphens or underscores; any other non-space character is a word of its own.
+UNSPACED_SCRIPTS = ("Han", "Hiragana", "Katakana")
+
+
+def _script_ranges(scripts: tuple[str, ...]) -> list[tuple[int, int]]:
+    """Code point ranges [first, last] used by one of `scripts` (Script_Extensions, which also
+    counts the marks these scripts share, such as ー U+30FC and ｰ U+FF70). Gaps between two ranges that
+    hold no word character and no space are folded in: such a character is a word of its own either
+    way, and a short class keeps split_words fast."""
+    every = np.arange(0x110000, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
+    found = "".join(f"\\p{{Script_Extensions={name}}}" for name in scripts)
+    ranges: list[tuple[int, int]] = []
+    for m in regex.finditer(f"[{found}]+", every):
+        first, last = m.start(), m.end() - 1
+        if ranges and not re.search(r"[\w\s]", every[ranges[-1][1] + 1 : first]):
+            first = ranges.pop()[0]
+        ranges.append((first, last))
+    return ranges
+
+
+def _char_class(ranges: list[tuple[int, int]]) -> str:
+    return "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges)
+
+
+_UNSPACED = _char_class(_script_ranges(UNSPACED_SCRIPTS))
+_W = f"[^\\W{_UNSPACED}]{{1,64}}"
+# The alternatives start on disjoint characters (a run's first one is never unspaced), so their
+# order changes no match; the common one comes first.
+WORD_RE = re.compile(f"{_W}(?:[-_]{_W}){{0,7}}|[{_UNSPACED}]|\\S")
 
 
 @dataclass
@@ -140,15 +170,24 @@ class Renderer:
         longest = max(len(t) for t, _ in blocks)
         # Context tokens one window may hold. Blocks up to the reserve do not change the plan, so the
         # windows of a text (and hence each answer) are the same whichever questions are bundled.
-        budget = self.config.max_window_tokens - 1 - max(self.config.block_reserve_tokens, longest)
-        if budget < 16:
+        budget = text_budget(self.config, longest)
+        if budget < MIN_TEXT_BUDGET:
             raise LimitExceeded(
                 f"the longest question block has {longest:,} tokens; with the window of "
-                f"{self.config.max_window_tokens:,} tokens that leaves {budget} for the text (need >= 16)"
+                f"{self.config.max_window_tokens:,} tokens that leaves {budget} for the text "
+                f"(need >= {MIN_TEXT_BUDGET})"
             )
+        lengths = [len(t) for t in word_toks]
+        plan = plan_windows(lengths, budget, self.config.window_overlap_words)
+        # What the request costs the device, known before any sequence is built: every window is
+        # [BOS] + its words + every block.
+        prefix = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        total = sum(1 + int(prefix[we] - prefix[ws]) for ws, we in plan) + len(plan) * sum(len(t) for t, _ in blocks)
+        if total > LIMITS.max_request_tokens:
+            raise LimitExceeded(f"the request renders to {total:,} tokens ({len(plan):,} windows x "
+                                f"{len(blocks)} question blocks); limit {LIMITS.max_request_tokens:,}")
         rendered = RenderedRow(row=row, offsets=offsets)
-        for w, (ws, we) in enumerate(plan_windows([len(t) for t in word_toks], budget,
-                                                  self.config.window_overlap_words)):
+        for w, (ws, we) in enumerate(plan):
             rendered.sequences.append(self._sequence(row, w, ws, word_toks[ws:we], blocks))
         return rendered
 
@@ -172,9 +211,26 @@ class Renderer:
         return Sequence(row.id, window, ws, ids, positions, parts, out_blocks, word_positions)
 
 
+MIN_TEXT_BUDGET = 16  # a row whose longest block leaves fewer text tokens per window is refused
+
+
+def text_budget(config: Vela2Config, longest_block: int = 0) -> int:
+    """Context tokens one window holds: the window less [BOS] and the larger of the block reserve
+    and the longest question block (in tokens)."""
+    return config.max_window_tokens - 1 - max(config.block_reserve_tokens, longest_block)
+
+
 def plan_windows(word_lengths: list[int], budget: int, overlap_words: int) -> list[tuple[int, int]]:
-    """Split words into windows [start, end) of at most `budget` tokens, consecutive windows sharing
-    up to `overlap_words` words. One window when everything fits; an empty text gives one empty window.
+    """Split words into windows [start, end) of at most `budget` tokens, each filled greedily from its
+    start. One window when everything fits; an empty text gives one empty window.
+
+    The next window starts at `end - min(overlap_words, (end - start) // 2)`: windows holding at
+    least twice the overlap share exactly `overlap_words` words, smaller ones (long words) half
+    their words, so every step is at least half a window. Two more bounds keep the plan cheap
+    whatever the word lengths: the next window never starts before the end of the window before
+    the current one (no word sits in more than 2 windows), and it starts late enough that word
+    `end` fits in it (every window holds a word the windows before it did not). The number of
+    windows is bounded by `window_bound`.
     """
     n = len(word_lengths)
     for i, length in enumerate(word_lengths):
@@ -183,7 +239,7 @@ def plan_windows(word_lengths: list[int], budget: int, overlap_words: int) -> li
     if sum(word_lengths) <= budget:
         return [(0, n)]
     windows = []
-    start = 0
+    start, before = 0, 0  # before: the end of the window before the current one
     while True:
         used, end = 0, start
         while end < n and used + word_lengths[end] <= budget:
@@ -192,7 +248,25 @@ def plan_windows(word_lengths: list[int], budget: int, overlap_words: int) -> li
         windows.append((start, end))
         if end >= n:
             return windows
-        start = max(start + 1, end - overlap_words)
+        nxt = max(end - min(overlap_words, (end - start) // 2), before)
+        used = sum(word_lengths[nxt : end + 1])
+        while used > budget:  # word `end` must fit: give up overlap words from the left
+            used -= word_lengths[nxt]
+            nxt += 1
+        start, before = nxt, end
+
+
+def window_bound(n_words: int, budget: int, word_tokens: int, overlap_words: int) -> int:
+    """The most windows `plan_windows` makes for `n_words` words of at most `word_tokens` tokens each
+    (at most `budget`). A window that is not the last holds q = budget // word_tokens words or more
+    (else the next word would have fitted), the next one starts at least
+    q - min(overlap_words, q // 2) words later, and the last one starts before word n_words."""
+    m = min(max(1, word_tokens), budget)
+    if n_words * m <= budget:
+        return 1
+    q = max(1, budget // m)
+    step = q - min(overlap_words, q // 2)
+    return (n_words - 1) // step + 1
 
 
 _RENDERERS: dict[tuple[int, int, int], Renderer] = {}

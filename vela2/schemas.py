@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from vela2.config import LIMITS, TASK_TYPES
 from vela2.errors import InvalidRequest, LimitExceeded, Vela2Error
+from vela2.wire.keys import id_problem
 
 
 def split_task(task: str) -> tuple[str, str]:
@@ -26,6 +27,73 @@ def split_task(task: str) -> tuple[str, str]:
     if not name or len(name) > 128:
         raise InvalidRequest(f"task name must have 1 to 128 characters; got {len(name)} in {task!r}")
     return kind, name
+
+
+def surrogate_index(s: str) -> int | None:
+    """Index of the first character of `s` that UTF-8 cannot encode (a lone surrogate), or None."""
+    if s.isascii():
+        return None
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def _key_path(path: str, key: Any) -> str:
+    if isinstance(key, str) and key.isidentifier():
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
+
+
+def unicode_problem(obj: Any) -> str | None:
+    """Why a decoded request cannot be answered as text, or None: the first string in it (dict keys
+    included, in document order) that UTF-8 cannot encode, named by its place, e.g.
+    ``questions[0].options[1] is not valid Unicode (lone surrogate at index 3)``.
+    Every string of a request must be valid Unicode: tokenizers, JSON results and Redis keys need it.
+    """
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            i = surrogate_index(value)
+            if i is not None:
+                return f"{path or 'the value'} is not valid Unicode (lone surrogate at index {i})"
+        elif isinstance(value, dict):
+            children = []
+            for key, item in value.items():
+                if isinstance(key, str) and (i := surrogate_index(key)) is not None:
+                    where = path or "the request"
+                    return f"{where} has a key that is not valid Unicode (lone surrogate at index {i}): {key!r}"
+                children.append((_key_path(path, key), item))
+            stack.extend(reversed(children))
+        elif isinstance(value, list | tuple):
+            stack.extend(reversed([(f"{path}[{i}]", item) for i, item in enumerate(value)]))
+    return None
+
+
+def check_unicode(obj: Any) -> None:
+    """Raise InvalidRequest naming the first string of `obj` that is not valid Unicode."""
+    problem = unicode_problem(obj)
+    if problem is not None:
+        raise InvalidRequest(problem)
+
+
+def check_id(value: Any) -> Any:
+    """A request id must be a non-empty string of at most LIMITS.max_id_chars characters (ids become
+    Redis keys); other types are left to the field's own type check."""
+    if isinstance(value, str):
+        problem = id_problem(value)  # the one rule, the wire's: ids become Redis keys
+        if not value:
+            raise InvalidRequest(f"id {problem}; give a non-empty string, or leave id out for a content id")
+        if problem is not None:
+            raise (LimitExceeded if len(value) > LIMITS.max_id_chars else InvalidRequest)(f"id {problem}")
+    return value
+
+
+def printable(s: str) -> str:
+    """`s` with characters UTF-8 cannot encode written as backslash escapes (for error results)."""
+    return s if surrogate_index(s) is None else s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _check_items(items: list[str], what: str, kind: str, minimum: int, maximum: int) -> list[str]:
@@ -81,6 +149,17 @@ class Row(BaseModel):
     gold: Any = None  # labelled rows for `vela2 calibrate`; ignored when scoring
     fields: list[FieldRange] | None = None  # named parts of `text`; spans report offsets into them
 
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        check_unicode(data)
+        return data
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id(cls, v: Any) -> Any:
+        return check_id(v)
+
     @field_validator("text")
     @classmethod
     def _text(cls, v: str) -> str:
@@ -129,8 +208,12 @@ class Row(BaseModel):
 
 def content_id(obj: Any) -> str:
     """A deterministic id for a request sent without one: a hash of its canonical JSON."""
-    blob = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return "h-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
+    try:
+        blob = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):  # not JSON (a Python object handed to predict()): its repr
+        blob = repr(obj)
+    # surrogatepass: an id even for a request refused for a lone surrogate (the same bytes otherwise)
+    return "h-" + hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
 def _first_error(e: ValidationError) -> Vela2Error:
@@ -188,8 +271,15 @@ class ErrorInfo(BaseModel):
     message: str
 
 
+# Results never carry NaN or infinity (JSON has neither): every float of an output model is checked
+# finite when it is built or assigned; vela2.pipeline.finish turns a failure into a model_error.
+_FINITE = ConfigDict(allow_inf_nan=False, validate_assignment=True)
+
+
 class SpanOut(BaseModel):
     """A decoded span: character offsets into the original text (or into `field`'s own string)."""
+
+    model_config = _FINITE
 
     label: str
     start: int
@@ -202,6 +292,8 @@ class SpanOut(BaseModel):
 class Units(BaseModel):
     """Every word of the whole text in order: offsets, and per label the probability of each word."""
 
+    model_config = _FINITE
+
     offsets: list[tuple[int, int]]
     probs: dict[str, list[float]]
     logits: dict[str, list[float]] | None = None
@@ -209,6 +301,8 @@ class Units(BaseModel):
 
 class Answer(BaseModel):
     """The answer to one question block."""
+
+    model_config = _FINITE
 
     question: int
     task: str
@@ -224,6 +318,8 @@ class Answer(BaseModel):
 
 class RowResult(BaseModel):
     """One result per request id, whatever path produced it."""
+
+    model_config = _FINITE
 
     id: str
     task: str | None = None
@@ -251,12 +347,14 @@ def expired_result(request_id: str, task: str | None, message: str) -> RowResult
 
 
 def guess_id_task(obj: Any) -> tuple[str, str | None]:
-    """Best-effort id and task of a request that failed validation, for its error result."""
+    """Best-effort id and task of a request that failed validation, for its error result: the id as
+    sent (cut at LIMITS.max_id_chars; characters UTF-8 cannot encode written as backslash escapes, so
+    the error result is always valid JSON), else the content id."""
     if isinstance(obj, dict):
         rid = obj.get("id")
         task = obj.get("task")
         if not isinstance(rid, str) or not rid:
             rid = content_id(obj)
-        return rid[: LIMITS.max_id_chars], task if isinstance(task, str) else None
+        return printable(rid)[: LIMITS.max_id_chars], printable(task) if isinstance(task, str) else None
     return content_id(repr(obj)), None
 

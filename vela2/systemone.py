@@ -42,7 +42,9 @@ classify also needs its labels within ``max_options``), ``max_item_chars`` per o
 input (headers included), ``max_text_words`` words after rendering.
 
 Bad requests (unknown kind, empty labels, a field not in the input, duplicate task names, a
-non-string field value, too many tasks / labels, a wrong model name...) become an error answer
+non-string field value, too many tasks / labels, a wrong model name, a string that is not valid
+Unicode such as a lone surrogate, e.g. ``tasks[0].labels[1] is not valid Unicode (lone surrogate
+at index 3)``...) become an error answer
 ``{"version", "model", "id", "status": "error", "error": {"type", "message"}}``; a message
 names the place (``tasks[2] 'pii'``), the problem, and the limit and value where there is one.
 
@@ -75,8 +77,11 @@ from vela2.schemas import (
     SpanOut,
     Status,
     Units,
+    check_id,
+    check_unicode,
     content_id,
     parse_row,
+    printable,
     validation_error,
 )
 
@@ -233,10 +238,16 @@ class SystemOneRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _content_id(cls, data: Any) -> Any:
+        check_unicode(data)  # every string valid Unicode, before anything reads one
         if isinstance(data, dict) and data.get("id") is None:
             rest = {k: v for k, v in data.items() if k != "id"}
             return {**rest, "id": content_id(rest)}
         return data
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id(cls, v: Any) -> Any:
+        return check_id(v)
 
     @field_validator("version", mode="before")
     @classmethod
@@ -459,13 +470,14 @@ def error_answer(obj: Any, exc: BaseException) -> dict[str, Any]:
         model, rid = obj.model, obj.id
     else:
         raw = obj if isinstance(obj, dict) else {}
-        model = raw.get("model") if isinstance(raw.get("model"), str) else None
+        model = printable(raw["model"]) if isinstance(raw.get("model"), str) else None
         rid = raw.get("id")
         if not isinstance(rid, str) or not rid:
             # The id parse_request would have given it, so a client can match the error to its request.
             rest = {k: v for k, v in raw.items() if k != "id"} if isinstance(obj, dict) else repr(obj)
             rid = content_id(rest)
-        rid = rid[: LIMITS.max_id_chars]
+        # Cut at the limit, characters UTF-8 cannot encode escaped: the answer is always valid JSON.
+        rid = printable(rid)[: LIMITS.max_id_chars]
     code = exc.code if isinstance(exc, Vela2Error) else type(exc).__name__
     return {
         "version": SYSTEM_ONE_VERSION,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from vela2.calibration import (
     PiiRules,
     choice_probs,
     expected_value,
+    option_value,
     sigmoid,
     softmax,
 )
@@ -66,6 +68,35 @@ def test_expected_value_by_hand():
     assert expected_value(["0", "1", "2"], np.array([0.2, 0.3, 0.5])) == pytest.approx(1.3)
     assert expected_value(["1", "2.5"], np.array([0.5, 0.5])) == pytest.approx(1.75)
     assert expected_value(["low", "high"], np.array([0.5, 0.5])) is None
+
+
+@pytest.mark.parametrize("option", ["nan", "NaN", "-nan", "inf", "-inf", "+inf", "Infinity", "-Infinity", "1e999",
+                                    "-1e400", "one", "", " "])
+def test_an_option_is_numeric_only_when_it_parses_as_a_finite_float(option):
+    assert option_value(option) is None
+    assert expected_value(["1", option], np.array([0.5, 0.5])) is None
+
+
+def test_numeric_options():
+    assert [option_value(o) for o in ["0", "-3", " 4 ", "2.5", "1e3", "1_000", "5e-324"]] == [
+        0.0, -3.0, 4.0, 2.5, 1000.0, 1000.0, 5e-324]
+
+
+def test_expected_value_is_finite_and_within_the_values():
+    big = "1.7976931348623157e308"
+    # the plain weighted sum overflows; the scaled one does not
+    e = expected_value([big, big], np.array([0.6, 0.4]))
+    assert e == pytest.approx(float(big)) and math.isfinite(e)
+    assert expected_value([big, "-" + big], np.array([0.5, 0.5])) == pytest.approx(0.0, abs=1e294)
+    # probabilities summing to a hair under 1 do not take it below the smallest value
+    assert expected_value(["3", "3", "3"], np.full(3, 0.33333333)) == 3.0
+
+
+def test_sigmoid_saturates_without_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sigmoid(np.array([-1e4, -800.0, 800.0, 1e4])).tolist() == [0.0, 0.0, 1.0, 1.0]
+        assert sigmoid(np.array([-np.inf, np.inf])).tolist() == [0.0, 1.0]
 
 
 # --- lookups -------------------------------------------------------------------------------------

@@ -3,19 +3,28 @@ good ones, precisions, and long texts (windows, span merge, option pooling, unit
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import random
+import re
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 import vela2
+from vela2 import reference
+from vela2.calibration import option_value
 from vela2.config import LIMITS
 from vela2.demo import sample_rows
-from vela2.errors import PrecisionError
+from vela2.errors import InvalidRequest, PrecisionError
 from vela2.pipeline import SeqOutput, finish, merge_span_windows, pool_option_windows, prepare, run_batch
 from vela2.rendering import RenderedRow, Sequence, split_words
+from vela2.schemas import Answer, RowResult, SpanOut, parse_row, surrogate_index
 
 TOL = 1e-5  # fp32 on the demo model: bundled / batched / alone agree to this (max |prob diff|)
 
@@ -463,3 +472,190 @@ def test_32k_words_with_units(demo_model):
     assert all(len(v) == n for v in units.probs.values())
     assert all(text[s:e] == t for s, e, t in ((x.start, x.end, x.text) for x in res.answers[0].spans))
     assert sum(res.answers[1].probs.values()) == pytest.approx(1.0)
+
+
+# --- invalid Unicode and request ids -------------------------------------------------------------
+
+SURROGATE_ROWS = [
+    ({**GOOD, "id": "u1", "text": "Alice w\ud800rote"}, "text is not valid Unicode (lone surrogate at index 7)"),
+    (
+        {**GOOD, "id": "u2", "questions": [{"question": "Is it?", "options": ["yes", "no\udfff"]}]},
+        "questions[0].options[1] is not valid Unicode (lone surrogate at index 2)",
+    ),
+    (
+        {**GOOD, "id": "u3", "questions": [{"question": "\ud83d?", "options": ["yes", "no"]}]},
+        "questions[0].question is not valid Unicode (lone surrogate at index 0)",
+    ),
+    ({**GOOD, "id": "u4", "task": "choice:bo\udc00olq"}, "task is not valid Unicode (lone surrogate at index 9)"),
+    (
+        {**GOOD, "id": "u5", "task": "span:x", "questions": [{"labels": ["person", "e\ud800mail"]}]},
+        "questions[0].labels[1] is not valid Unicode (lone surrogate at index 1)",
+    ),
+    (
+        {**GOOD, "id": "u6", "questions": [{"task": "set:s\ud800", "options": ["a"]}]},
+        "questions[0].task is not valid Unicode (lone surrogate at index 5)",
+    ),
+    (
+        {**GOOD, "id": "u7", "fields": [{"name": "us\ud800er", "start": 0, "end": 5}]},
+        "fields[0].name is not valid Unicode (lone surrogate at index 2)",
+    ),
+    (
+        {**GOOD, "id": "u8", "task": "span:x",
+         "questions": [{"labels": ["person"], "fields": ["\ud800"]}], "fields": [{"name": "a", "start": 0, "end": 5}]},
+        "questions[0].fields[0] is not valid Unicode (lone surrogate at index 0)",
+    ),
+    ({**GOOD, "id": "u9", "gold": {"label": "y\ud800es"}}, "gold.label is not valid Unicode"),
+    ({**GOOD, "id": "u10", "ex\ud800tra": 1}, "has a key that is not valid Unicode (lone surrogate at index 2)"),
+    ({**GOOD, "id": "r-\ud800"}, "id is not valid Unicode (lone surrogate at index 2)"),
+    ({k: v for k, v in {**GOOD, "text": "no id \udbff"}.items() if k != "id"}, "text is not valid Unicode"),
+]
+
+
+@pytest.mark.parametrize("row,message", SURROGATE_ROWS, ids=[f"s{i}" for i in range(len(SURROGATE_ROWS))])
+def test_lone_surrogates_get_invalid_request_results(demo_model, row, message):
+    """Every string of a row must be valid Unicode: predict() answers with an error naming the field
+    (never a TypeError from the tokenizer), the other rows still run, and the error result is valid
+    UTF-8 JSON (an id UTF-8 cannot encode is written with backslash escapes)."""
+    with pytest.raises(InvalidRequest, match=re.escape(message)) as exc:
+        parse_row(row)
+    assert type(exc.value) is InvalidRequest
+    bad, good = vela2.predict(demo_model, [row, GOOD], precision="fp32")
+    assert good.status == "ok"
+    assert bad.status == "error" and bad.error.type == "invalid_request" and message in bad.error.message
+    json.dumps(bad.to_json_dict(), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    if "id" in row and surrogate_index(row["id"]) is None:
+        assert bad.id == row["id"]
+    elif "id" in row:
+        assert bad.id == row["id"].encode("utf-8", "backslashreplace").decode()
+    else:
+        assert bad.id.startswith("h-")
+
+
+@pytest.mark.parametrize(
+    "rid,code,message",
+    [
+        ("", "invalid_request", "id is empty"),
+        ("x" * (LIMITS.max_id_chars + 1), "limit_exceeded", f"id has 257 characters; limit {LIMITS.max_id_chars}"),
+        ("x" * 10_000, "limit_exceeded", "id has 10,000 characters; limit 256"),
+        (17, "invalid_request", "id: Input should be a valid string; got 17"),
+        (None, "invalid_request", "id: Input should be a valid string; got None"),
+    ],
+)
+def test_bad_ids_are_refused_by_name(demo_model, rid, code, message):
+    row = {**GOOD, "id": rid}
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
+        parse_row(row)
+    (res,) = vela2.predict(demo_model, [row], precision="fp32")
+    assert res.status == "error" and res.error.type == code and message in res.error.message
+    assert 0 < len(res.id) <= LIMITS.max_id_chars
+
+
+def test_ids_at_the_limit_are_accepted():
+    assert parse_row({**GOOD, "id": "é" * LIMITS.max_id_chars}).id == "é" * LIMITS.max_id_chars
+    assert parse_row({**GOOD, "id": "😀"}).id == "😀"
+
+
+# --- non-finite numbers never reach a result -------------------------------------------------------
+
+NUMBERISH = ["nan", "NaN", "-nan", "inf", "-inf", "+inf", "Infinity", "-Infinity", "1e999", "-1e400", "0", "1",
+             "2.5", "-3", " 4 ", "1e308", "-1.7976931348623157e308", "1.7976931348623157e308", "1_000", "0x10",
+             "١٢", "5e-324", "one", "", "yes"]
+
+
+def _json(res) -> str:
+    return json.dumps(res.to_json_dict(), allow_nan=False, ensure_ascii=False)
+
+
+def test_non_finite_options_are_not_numeric(demo_model):
+    rows = [
+        {**GOOD, "id": f"n{i}", "task": "score:s", "questions": [{"options": opts}]}
+        for i, opts in enumerate([["nan", "1"], ["inf", "-inf"], ["Infinity", "2"], ["1e999", "0"], ["0", "1", "2"]])
+    ]
+    results = vela2.predict(demo_model, rows, precision="fp32")
+    assert [r.answers[0].expected is None for r in results] == [True, True, True, True, False]
+    for r in results:
+        _json(r)
+
+
+def test_expected_stays_finite_at_the_float_limit(demo_model):
+    opts = ["1.7976931348623157e308", "1.7e308", "-1.7976931348623157e308"]
+    (res,) = vela2.predict(demo_model, [{**GOOD, "task": "score:s", "questions": [{"options": opts}]}],
+                           precision="fp32")
+    e = res.answers[0].expected
+    assert e is not None and math.isfinite(e) and -1.8e308 < e < 1.8e308
+    _json(res)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(
+    kind=st.sampled_from(["choice", "score", "set"]),
+    options=st.lists(
+        st.one_of(st.sampled_from(NUMBERISH), st.text(min_size=1, max_size=8),
+                  st.floats(allow_nan=True, allow_infinity=True).map(repr)),
+        min_size=2, max_size=6, unique=True,
+    ),
+)
+def test_any_options_give_valid_json(demo_model, kind, options):
+    """Whatever the option strings: the result is valid JSON (json.dumps(..., allow_nan=False)), and
+    `expected` is given exactly when every option parses as a finite float, between their values."""
+    row = {**GOOD, "task": f"{kind}:p", "questions": [{"options": options}], "logits": True}
+    (res,) = vela2.predict(demo_model, [row], precision="fp32")
+    text = _json(res)
+    assert json.loads(text)["id"] == GOOD["id"]
+    if res.status == "error":  # options the schema refuses (blank, duplicate, ...)
+        assert res.error.type in ("invalid_request", "limit_exceeded")
+        return
+    (answer,) = res.answers
+    values = [option_value(o) for o in options]
+    if kind != "score" or None in values:
+        assert answer.expected is None
+    else:
+        assert answer.expected is not None and min(values) <= answer.expected <= max(values)
+
+
+def test_non_finite_logits_become_a_model_error(demo_model, monkeypatch):
+    """A model that returns NaN / infinity for a row: that row gets a model_error result (JSON-safe),
+    the other rows of the same predict() call their answers."""
+    real = reference.run_batch
+
+    def poisoned(model, sequences, *args, **kwargs):
+        outs = real(model, sequences, *args, **kwargs)
+        for seq, out in zip(sequences, outs, strict=True):
+            if seq.row_id == "poison":
+                for q in out.options:
+                    out.options[q] = np.full_like(out.options[q], np.nan)
+                for q in out.spans:
+                    out.spans[q][0, 0] = np.inf
+        return outs
+
+    monkeypatch.setattr(reference, "run_batch", poisoned)
+    rows = [{**BUNDLES[1], "id": "poison"}, {**BUNDLES[1], "id": "fine"},
+            {**GOOD, "id": "poison", "task": "span:x", "questions": [{"labels": ["person"]}]}]
+    bad, good, bad_span = vela2.predict(demo_model, rows, precision="fp32")
+    assert good.status == "ok"
+    for res, what in ((bad, "option"), (bad_span, "span")):
+        assert res.status == "error" and res.error.type == "model_error"
+        assert "non-finite" in res.error.message and what in res.error.message
+        _json(res)
+
+
+def test_a_temperature_too_small_for_the_logits_is_a_model_error(demo_model, monkeypatch):
+    cal = dataclasses.replace(demo_model.calibration, temperatures={"choice": 1e-320, "score": 1.0})
+    monkeypatch.setattr(demo_model, "calibration", cal)
+    (res,) = vela2.predict(demo_model, [{**GOOD, "questions": [{"options": ["yes", "no", "maybe"]}]}],
+                           precision="fp32")
+    assert res.status == "error" and res.error.type == "model_error" and "finite" in res.error.message
+    _json(res)
+
+
+def test_answers_refuse_non_finite_numbers():
+    with pytest.raises(ValidationError):
+        Answer(question=0, task="choice:x", probs={"a": float("nan")})
+    answer = Answer(question=0, task="choice:x", probs={"a": 0.5})
+    with pytest.raises(ValidationError):
+        answer.expected = float("inf")
+    with pytest.raises(ValidationError):
+        SpanOut(label="a", start=0, end=1, text="x", score=float("-inf"))
+    with pytest.raises(ValidationError):
+        RowResult(id="x", status="ok", timings={"model_ms": float("nan")})

@@ -4,9 +4,12 @@ windows) exactly as vela2/rendering.py guarantees them, plus plan_windows and th
 from __future__ import annotations
 
 import dataclasses
+import random
+import string
 
 import numpy as np
 import pytest
+import regex
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -14,7 +17,15 @@ from hypothesis import strategies as st
 from vela2.config import LIMITS
 from vela2.errors import LimitExceeded
 from vela2.modeling import tree_mask
-from vela2.rendering import WORD_RE, plan_windows, render_row, split_words
+from vela2.rendering import (
+    UNSPACED_SCRIPTS,
+    WORD_RE,
+    plan_windows,
+    render_row,
+    split_words,
+    text_budget,
+    window_bound,
+)
 from vela2.schemas import parse_row, split_task
 
 VOCAB = (
@@ -152,8 +163,17 @@ def check_rendered(model, config, row_dict: dict) -> None:
         if k:
             prev = seqs[k - 1]
             prev_end = prev.word_start + prev.num_words
-            assert prev.word_start < seq.word_start <= prev_end
-            assert prev_end - seq.word_start == min(config.window_overlap_words, prev.num_words - 1)
+            assert prev.word_start < seq.word_start <= prev_end < seq.word_start + seq.num_words
+            shared = prev_end - seq.word_start  # at most the overlap, at most half the window
+            assert shared <= min(config.window_overlap_words, prev.num_words // 2)
+            if k >= 2:  # no word in 3 windows
+                assert seq.word_start >= seqs[k - 2].word_start + seqs[k - 2].num_words
+    lengths = [len(word_token_ids(model, text[s:e])) for s, e in offs.tolist()]
+    budget_now = config.max_window_tokens - 1 - max(config.block_reserve_tokens, *(
+        b.end - b.start for b in seqs[0].blocks))
+    assert [(q.word_start, q.word_start + q.num_words) for q in seqs] == plan_windows(
+        lengths, budget_now, config.window_overlap_words)
+    assert len(seqs) <= window_bound(n_words, budget_now, max(lengths), config.window_overlap_words)
     if len(seqs) == 1:
         assert seqs[0].num_words == n_words
 
@@ -259,10 +279,91 @@ def test_split_words_bounds_word_length():
     assert max(len(w) for w in words) <= 64 * 8 + 7
 
 
-# --- plan_windows --------------------------------------------------------------------------------
+_UNSPACED_RE = regex.compile("[" + "".join(f"\\p{{Script={name}}}" for name in UNSPACED_SCRIPTS) + "]")
+UNSPACED = [m.start() for m in _UNSPACED_RE.finditer("".join(map(chr, range(0x110000))))]
+
+
+def test_unspaced_scripts_are_the_documented_ones():
+    assert UNSPACED_SCRIPTS == ("Han", "Hiragana", "Katakana")
+    # the code points the first implementation missed (outside the main blocks) are in
+    for cp in (0xFF66, 0xFF9D, 0x3005, 0x20000, 0x2A700, 0x2B740, 0x2B820, 0x2CEB0, 0x30000, 0x31350,
+               0x2EBF0, 0xF900, 0xFAD9, 0x2F800, 0x2FA1D, 0x31F0, 0x31FF, 0x1B000, 0x1B16F - 7, 0x1AFF0):
+        assert cp in UNSPACED or not regex.match(r"\p{Assigned}", chr(cp)), hex(cp)
+    assert len(UNSPACED) > 90_000
+
+
+def test_every_unspaced_code_point_is_a_word_of_its_own():
+    """All of them, exhaustively: between Latin letters, between spaces and next to each other."""
+    for pattern in ("a{}b", " {} ", "{}{}"):
+        chars = [chr(cp) for cp in UNSPACED]
+        text = " ".join(pattern.format(c, c) if pattern == "{}{}" else pattern.format(c) for c in chars)
+        words = [text[s:e] for s, e in split_words(text).tolist()]
+        if pattern == "a{}b":
+            want = [w for c in chars for w in ("a", c, "b")]
+        elif pattern == " {} ":
+            want = chars
+        else:
+            want = [w for c in chars for w in (c, c)]
+        assert words == want, pattern
+
+
+any_char = st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=("Cs",))
 
 
 @settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(
+        st.one_of(
+            st.sampled_from(UNSPACED).map(chr),
+            st.text(any_char, min_size=1, max_size=6),
+            st.sampled_from([" ", "a", "Z", "-", "_", "abc", "1"]),
+        ),
+        max_size=40,
+    )
+)
+def test_split_words_over_all_of_unicode(parts):
+    """Any text of any code points: offsets slice the original text, in order, every non-space
+    character inside a word and only spaces between words; an unspaced-script character placed
+    between spaces or Latin letters is a word of its own, and so is every unspaced character."""
+    text = "".join(parts)
+    offs = split_words(text)
+    assert offs.dtype == np.int64 and offs.shape[1] == 2
+    prev = 0
+    starts = set()
+    for s, e in offs.tolist():
+        assert prev <= s < e <= len(text)
+        assert not text[prev:s].strip()
+        word = text[s:e]
+        assert WORD_RE.fullmatch(word)
+        if any(_UNSPACED_RE.match(c) for c in word):
+            assert len(word) == 1
+        starts.add(s)
+        prev = e
+    assert not text[prev:].strip()
+    for i, c in enumerate(text):
+        if _UNSPACED_RE.match(c) and (i == 0 or text[i - 1] in " aZ") and (i + 1 == len(text) or text[i + 1] in " aZ"):
+            assert i in starts and [i, i + 1] in offs.tolist()
+
+
+# --- plan_windows --------------------------------------------------------------------------------
+
+
+def old_plan(lengths: list[int], budget: int, overlap: int) -> list[tuple[int, int]]:
+    """The plan before the step bound: the next window at max(start + 1, end - overlap)."""
+    if sum(lengths) <= budget:
+        return [(0, len(lengths))]
+    windows, start = [], 0
+    while True:
+        used, end = 0, start
+        while end < len(lengths) and used + lengths[end] <= budget:
+            used, end = used + lengths[end], end + 1
+        windows.append((start, end))
+        if end >= len(lengths):
+            return windows
+        start = max(start + 1, end - overlap)
+
+
+@settings(max_examples=400, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 9), min_size=0, max_size=120), budget=st.integers(9, 40), overlap=st.integers(0, 12)
 )
@@ -276,9 +377,102 @@ def test_plan_windows_properties(lengths, budget, overlap):
         assert sum(lengths[s:e]) <= budget
         if k < len(windows) - 1:
             assert s < e < n and sum(lengths[s : e + 1]) > budget  # greedy
-            ns, _ = windows[k + 1]
-            assert s < ns <= e
-            assert e - ns == min(overlap, e - s - 1)
+            ns, ne = windows[k + 1]
+            assert s < ns <= e < ne  # every window holds a new word
+            # the rule: end - min(overlap, words // 2), not before the end of the window before
+            # this one, and late enough that word e fits
+            before = windows[k - 1][1] if k else 0
+            fit = min(j for j in range(e + 1) if sum(lengths[j : e + 1]) <= budget)
+            assert ns == max(e - min(overlap, (e - s) // 2), before, fit)
+            assert ns - s >= (e - s + 1) // 2  # every step at least half the window
+    covered = [0] * n
+    for s, e in windows:
+        for i in range(s, e):
+            covered[i] += 1
+    assert all(1 <= c <= 2 for c in covered)  # every word in one or two windows
+    assert len(windows) <= window_bound(n, budget, max(lengths, default=1), overlap)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 4), min_size=0, max_size=200), budget=st.integers(30, 60), overlap=st.integers(0, 8)
+)
+def test_plan_windows_unchanged_for_normal_texts(lengths, budget, overlap):
+    """Where every window holds at least twice the overlap (and the overlap leaves room for the next
+    word), the plan is the one of the old rule, exactly: long-text answers keep their values."""
+    old = old_plan(lengths, budget, overlap)
+    normal = all(
+        e - s >= 2 * overlap and sum(lengths[e - overlap : e + 1]) <= budget for s, e in old[:-1]
+    )
+    if normal:
+        assert plan_windows(lengths, budget, overlap) == old
+
+
+def test_plan_windows_long_words_step_by_half_a_window():
+    # 5 words per window, overlap 64: the old rule stepped one word at a time (n - 4 windows)
+    lengths = [10] * 1000
+    assert len(old_plan(lengths, 50, 64)) == 996
+    windows = plan_windows(lengths, 50, 64)
+    assert windows[:3] == [(0, 5), (3, 8), (6, 11)]  # 2 shared words: half of 5
+    assert len(windows) == 333 and window_bound(1000, 50, 10, 64) == 334
+
+
+def test_plan_windows_a_big_word_after_small_ones():
+    # the overlap (small words) plus the big word do not fit: overlap words are given up, no window
+    # lies inside another, and no word sits in more than 2 windows
+    lengths = [1] * 20 + [20] + [1] * 5
+    windows = plan_windows(lengths, 20, 8)
+    assert windows == [(0, 20), (20, 21), (21, 26)]
+    lengths = [1] * 30 + [15] + [1] * 5
+    assert plan_windows(lengths, 20, 8) == [(0, 20), (12, 30), (25, 31), (30, 36)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 5000), budget=st.integers(16, 2000), word_tokens=st.integers(1, 2000),
+       overlap=st.integers(0, 128), seed=st.integers(0, 2**32 - 1))
+def test_window_bound_holds(n, budget, word_tokens, overlap, seed):
+    m = min(word_tokens, budget)
+    rng = random.Random(seed)
+    for lengths in ([m] * n, [rng.randint(1, m) for _ in range(n)], [rng.choice((1, m)) for _ in range(n)]):
+        assert len(plan_windows(lengths, budget, overlap)) <= window_bound(n, budget, m, overlap)
+
+
+def test_a_request_is_refused_by_the_tokens_it_renders_to(demo_model):
+    q = {"question": "why " * 100, "options": ["yes", "no"]}
+    row = parse_row({"id": "x", "task": "choice:t", "text": "word " * 60_000, "questions": [q] * 32})
+    with pytest.raises(LimitExceeded, match=r"renders to [\d,]+ tokens \([\d,]+ windows x 32 question blocks\); "
+                                            rf"limit {LIMITS.max_request_tokens:,}"):
+        render_row(row, demo_model.tokenizer, demo_model.config, demo_model.calibration.default_questions)
+
+
+def _config_2048():
+    from vela2.config import HeadsConfig, Vela2Config
+
+    return Vela2Config(name="x", backbone={"hidden_size": 8}, heads=HeadsConfig(option_hidden=8, span_dim=8))
+
+
+def test_two_million_characters_of_long_words_stay_bounded(demo_model):
+    """2,000,000 characters of 64-character words: the old plan made ~30,800 windows (one word per
+    step); now about a quarter, within window_bound, every word in at most 2 windows; and the request
+    itself is refused by its rendered size before any sequence is built."""
+    rng = random.Random(7)
+    vocab = ["".join(rng.choice(string.ascii_lowercase) for _ in range(64)) for _ in range(500)]
+    n = LIMITS.max_text_chars // 65
+    words = [rng.choice(vocab) for _ in range(n)]
+    cfg = demo_model.config
+    tokens = {w: len(word_token_ids(demo_model, w)) for w in vocab}
+    lengths = [tokens[w] for w in words]
+    plan = plan_windows(lengths, text_budget(cfg, 0), cfg.window_overlap_words)
+    bound = window_bound(n, text_budget(cfg, 0), max(tokens.values()), cfg.window_overlap_words)
+    assert len(plan) <= bound < 10_000  # the old plan: n - 7 = 30,762 windows
+    counts = np.zeros(n, dtype=np.int64)
+    for ws, we in plan:
+        counts[ws:we] += 1
+    assert counts.min() == 1 and counts.max() == 2
+    row = parse_row({"id": "x", "task": "span:t", "text": " ".join(words), "questions": [{"labels": ["a"]}]})
+    with pytest.raises(LimitExceeded, match=rf"renders to [\d,]+ tokens \({len(plan):,} windows x 1 question "
+                                            rf"blocks\); limit {LIMITS.max_request_tokens:,}"):
+        render_row(row, demo_model.tokenizer, cfg, demo_model.calibration.default_questions)
 
 
 def test_plan_windows_word_over_budget():

@@ -239,6 +239,42 @@ BAD_REQUESTS = {
     ),
     "non-bool units": (req(units="yes"), InvalidRequest, ["units"]),
     "model not a string": (req(model=7), InvalidRequest, ["model"]),
+    # every string must be valid Unicode (UTF-8 encodable): a lone surrogate is named by its place
+    "surrogate in free text": (
+        req(input="The parcel \ud800 arrived."), InvalidRequest,
+        ["input is not valid Unicode (lone surrogate at index 11)"],
+    ),
+    "surrogate in a field value": (
+        req(input={"user": "hi \udfff"}), InvalidRequest,
+        ["input.user is not valid Unicode (lone surrogate at index 3)"],
+    ),
+    "surrogate in a field name": (
+        req(input={"us\ud800er": "hi"}), InvalidRequest,
+        ["input has a key that is not valid Unicode (lone surrogate at index 2)"],
+    ),
+    "surrogate in a task name": (
+        req(tasks=[task("choice", name="t\ud800")]), InvalidRequest,
+        ["tasks[0].name is not valid Unicode (lone surrogate at index 1)"],
+    ),
+    "surrogate in a question": (
+        req(tasks=[task("choice", question="Is it\ud800?")]), InvalidRequest,
+        ["tasks[0].question is not valid Unicode (lone surrogate at index 5)"],
+    ),
+    "surrogate in an option": (
+        req(tasks=[task("score", options=["1", "2\udc00"])]), InvalidRequest,
+        ["tasks[0].options[1] is not valid Unicode (lone surrogate at index 1)"],
+    ),
+    "surrogate in a label": (
+        req(tasks=[task("extract", labels=["\ud800x"])]), InvalidRequest,
+        ["tasks[0].labels[0] is not valid Unicode (lone surrogate at index 0)"],
+    ),
+    "surrogate in fields": (
+        req(input=STATE, tasks=[task("span", fields=["user", "x\ud800"])]), InvalidRequest,
+        ["tasks[0].fields[1] is not valid Unicode (lone surrogate at index 1)"],
+    ),
+    "surrogate in the model name": (
+        req(model="vela2-\ud800"), InvalidRequest, ["model is not valid Unicode (lone surrogate at index 6)"],
+    ),
 }
 
 
@@ -262,6 +298,42 @@ def test_bad_request_becomes_an_error_answer(name: str) -> None:
     assert all(p in ans["error"]["message"] for p in parts)
     assert "tasks" not in ans
     SystemOneAnswer.model_validate(ans)
+
+
+@pytest.mark.parametrize(
+    "rid,cls,message",
+    [
+        ("", InvalidRequest, "id is empty"),
+        ("r" * (LIMITS.max_id_chars + 1), LimitExceeded, "id has 257 characters; limit 256"),
+        ("r\ud800", InvalidRequest, "id is not valid Unicode (lone surrogate at index 1)"),
+    ],
+)
+def test_bad_ids_are_refused_by_name(rid: str, cls: type, message: str) -> None:
+    with pytest.raises(cls) as exc:
+        parse_request(req(id=rid))
+    assert type(exc.value) is cls and message in str(exc.value)
+    ans = system_one_request(stub_model(), req(id=rid))
+    assert ans["status"] == "error" and ans["error"]["type"] == cls.code and message in ans["error"]["message"]
+    # the answer is always valid UTF-8 JSON with an id of at most the limit
+    json.dumps(ans, ensure_ascii=False).encode("utf-8")
+    assert 0 < len(ans["id"]) <= LIMITS.max_id_chars
+    if rid.startswith("r\ud800"):
+        assert ans["id"] == "r\\ud800"
+    SystemOneAnswer.model_validate(ans)
+
+
+def test_surrogates_with_a_loaded_model(demo_model: Any) -> None:
+    """predict()'s SystemOne paths answer, never raise: bad requests and rows get errors next to good ones."""
+    bad_req = req(id="s-bad", input={"user": "hi \ud800 there"})
+    ans = system_one_request(demo_model, bad_req)
+    assert ans["status"] == "error" and "input.user is not valid Unicode" in ans["error"]["message"]
+    bad_row = {"id": "row-bad", "task": "span:x", "text": "Alice \udc00", "questions": [{"labels": ["person"]}]}
+    out = predict_mixed(demo_model, [bad_req, req(), bad_row, req(id="req-2", model="vela2-\ud800")])
+    assert [o["status"] for o in out] == ["error", "ok", "error", "error"]
+    assert "text is not valid Unicode (lone surrogate at index 6)" in out[2]["error"]["message"]
+    assert out[3]["model"] == "vela2-\\ud800"
+    for o in out:
+        json.dumps(o, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 def test_non_object_request_becomes_an_error_answer() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from vela2.config import LIMITS
+
 TASK_NAME = "vela2.score"  # the Celery task name of every scoring message
 RESULT_PREFIX = "celery-task-meta-"  # Celery's Redis result backend prefix: AsyncResult(id) reads it
 CHUNK_PREFIX = "chunk-"  # message id of a bulk chunk; each row is answered under its own id
@@ -17,6 +19,22 @@ UNACKED_KEY = "unacked"
 UNACKED_INDEX_KEY = "unacked_index"
 KOMBU_PRIORITY_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (3, 6, 9)
+
+
+def id_problem(rid: object) -> str | None:
+    """Why `rid` cannot name a request, or None when it can: ids become Redis keys, so they are
+    non-empty strings of at most LIMITS.max_id_chars characters that UTF-8 can encode."""
+    if not isinstance(rid, str):
+        return f"must be a string; got {type(rid).__name__} {str(rid)[:40]!r}"
+    if not rid:
+        return "is empty"
+    if len(rid) > LIMITS.max_id_chars:
+        return f"has {len(rid):,} characters; limit {LIMITS.max_id_chars:,}"
+    try:
+        rid.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"is not valid Unicode ({e.reason} at index {e.start})"
+    return None
 
 
 def result_key(request_id: str) -> str:
