@@ -77,6 +77,12 @@ def wait_for_redis(url: str, timeout_s: float = 20.0, proc: subprocess.Popen | N
         try:
             client.ping()
             return
+        except (redis.AuthenticationError, redis.exceptions.NoPermissionError):
+            return  # it answers (and wants a password)
+        except redis.ResponseError as e:
+            if "NOAUTH" in str(e):
+                return
+            raise
         except redis.RedisError:
             if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
                 raise RuntimeError(f"redis at {url} did not answer within {timeout_s:g} s") from None

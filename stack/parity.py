@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import copy
 import json
+import sys
 import time
 import uuid
 from collections import defaultdict
@@ -426,3 +427,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
     return parity_command(args.checkpoint, args.rows, json_path=args.json, redis_url=args.redis, device=args.device)
+
+
+if __name__ == "__main__":  # from a checkout that is not installed (no entry points): python -m ...
+    sys.exit(main(sys.argv[1:]))

@@ -61,6 +61,18 @@ class ConfigError(Vela2Error, ValueError):
     code = "config_error"
 
 
+class ResultExpired(Vela2Error, LookupError):
+    """A request was answered, but its stored result has expired (result_expires) before it was read."""
+
+    code = "result_expired"
+
+
+class StorageError(Vela2Error):
+    """A result the result store would not take as it was (an error result stands in for it)."""
+
+    code = "storage_error"
+
+
 class PoisonRequest(ModelError):
     """A request that was running every time a worker process died, `max_attempts` times; it is
     answered with this error and moved to the model's dead-letter list."""

@@ -21,34 +21,15 @@ from typing import Any
 
 from celery import Celery, Task, bootsteps
 from kombu import Queue
-from kombu.transport import redis as kombu_redis
 
 from vela2.errors import Vela2Error
 from vela2.wire import keys
+from worker.broker import ssl_options
 from worker.engine import Delivery, Engine
 from worker.settings import WorkerSettings
-from worker.startup import build_engine
+from worker.startup import build_engine, exit_on_start_failure, preflight
 
 log = logging.getLogger(__name__)
-
-class _TolerantChannel(kombu_redis.Channel):
-    """kombu's Redis channel, except that a queue item which is no kombu message (not JSON, or JSON
-    without the envelope) is logged and dropped: kombu would raise out of the event loop and stop
-    the whole worker, so one bad LPUSH could take down every worker in turn."""
-
-    def _brpop_read(self, **options: Any) -> Any:
-        try:
-            return super()._brpop_read(**options)
-        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
-            log.error("dropped a queue item that is not a Celery message: %s: %s", type(e).__name__, e)
-            return True
-
-
-class RedisTransport(kombu_redis.Transport):
-    """kombu's Redis transport with the tolerant channel (used for redis:// broker URLs)."""
-
-    Channel = _TolerantChannel
-
 
 def _score(self: Task, *args: Any, **kwargs: Any) -> None:
     raise NotImplementedError(f"{keys.TASK_NAME} runs inside the vela2 worker engine only (celery -A worker.app)")
@@ -131,7 +112,10 @@ class EngineStep(bootsteps.StartStopStep):
         settings: WorkerSettings = w.app.vela2_settings
         # w.task_events: `celery worker -E` or worker_send_task_events (VELA2_TASK_EVENTS=1)
         events = TaskEvents(w.app, w.hostname) if getattr(w, "task_events", False) else None
-        self.engine = build_engine(settings, events)
+        try:
+            self.engine = build_engine(settings, events)
+        except Exception as e:  # Celery would log it and exit 0: a supervisor must see the failure
+            exit_on_start_failure(e)
         w.app.vela2_engine = self.engine
 
     def stop(self, w: Any) -> None:
@@ -155,8 +139,9 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
         log.debug("no model name yet: %s", e)
         model_name = None
     queues = keys.queues(model_name) if model_name else []
-    if settings.redis_url.startswith("redis://"):
-        app.conf.broker_transport = f"{__name__}:RedisTransport"
+    if settings.redis_url.startswith(("redis://", "rediss://")):
+        app.conf.broker_transport = "worker.broker:RedisTransport"  # triaged items, writes retried
+        app.conf.broker_use_ssl = ssl_options(settings.redis_url)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -187,7 +172,7 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "INFO", hostname: st
 
     What `vela2 worker` calls: `run_worker(WorkerSettings.from_env(checkpoint=..., device=..., ...))`.
     """
-    settings.validate()
+    preflight(settings)
     app = create_app(settings)
     node = hostname or f"vela2-{settings.device.replace(':', '')}@%h"
     argv = [

@@ -14,9 +14,7 @@ is poison: never run, copied to the dead-letter list `vela2.<model>.dead`, answe
 
 from __future__ import annotations
 
-import json
 import logging
-from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
@@ -123,16 +121,3 @@ class Attempts:
             pipe.execute()
         except Exception as e:
             log.warning("uncounting %d attempts failed: %s", len(rids), e)
-
-
-def dead_letter_entry(rid: str, message_id: str, reason: str, attempts: int, request: Any) -> str:
-    """The JSON entry of a poison request on the dead-letter list."""
-    entry = {
-        "id": rid,
-        "message_id": message_id,
-        "reason": reason,
-        "attempts": attempts,
-        "at": datetime.now(UTC).isoformat(),
-        "request": request,
-    }
-    return json.dumps(entry, ensure_ascii=False, default=str)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from worker import settings as worker_settings
 
@@ -17,3 +18,7 @@ def main(argv: list[str]) -> int:
     from worker.app import run_worker  # celery and the model stack load only to run
 
     return run_worker(worker_settings.from_arguments(args), loglevel=args.loglevel)
+
+
+if __name__ == "__main__":  # from a checkout that is not installed (no entry points): python -m ...
+    sys.exit(main(sys.argv[1:]))

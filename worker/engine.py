@@ -41,12 +41,13 @@ from typing import Any
 
 from vela2 import systemone
 from vela2.config import default_precision
-from vela2.errors import InvalidRequest, ModelError, PoisonRequest, Vela2Error
+from vela2.errors import ModelError, PoisonRequest, StorageError, Vela2Error
 from vela2.packing import pack
 from vela2.schemas import RowResult, Status, error_result, expired_result, guess_id_task
 from vela2.wire import keys, messages
-from vela2.wire.results import ResultStore, chunk_meta, row_meta
-from worker.attempts import Attempts, Verdict, dead_letter_entry
+from vela2.wire.results import ResultStore, chunk_meta, dead_letter_entry, row_meta
+from worker import retry as retry_errors
+from worker.attempts import Attempts, Verdict
 from worker.batching import Buckets
 from worker.metrics import Metrics
 from worker.settings import EngineSettings
@@ -76,8 +77,9 @@ class _Message:
     delivery: Delivery
     id: str
     chunk: bool
-    pending: set[str] = field(default_factory=set)  # request ids without a stored result yet
+    pending: set[str] = field(default_factory=set)  # ids (and dead-letter tokens) not stored yet
     counts: Counter = field(default_factory=Counter)
+    summarized: bool = False  # a chunk's summary is queued (it is stored after all its rows)
     finalized: bool = False
 
 
@@ -182,7 +184,10 @@ class Engine:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._messages: set[_Message] = set()
         self._to_store: list[tuple[_Message, str, dict[str, Any], str]] = []  # (message, id, meta, status)
+        self._to_dead: list[tuple[_Message, str, str]] = []  # (message, pending token, dead-letter entry)
         self._store_after = 0.0
+        self._working: dict[str, _Request] = {}  # id -> the request of this engine answering it (until stored)
+        self._followers: dict[str, list[_Message]] = {}  # id -> other messages waiting on that answer
         self._pool = ThreadPoolExecutor(max(1, settings.render_threads), thread_name_prefix="vela2-cpu")
         self._lock = threading.Lock()  # guards _accepting and message finalization
         self._accepting = True
@@ -284,7 +289,11 @@ class Engine:
     def _intake(self, deliveries: list[Delivery]) -> None:
         fresh: list[_Request] = []
         for d in deliveries:
-            fresh.extend(self._open_message(d))
+            try:
+                fresh.extend(self._open_message(d))
+            except Exception:  # a bug must not strand this turn's other deliveries
+                log.exception("opening a message failed; it stays unacked and comes back after the visibility timeout")
+        fresh = [r for r in fresh if not self._follows(r)]
         if not fresh:
             return
         try:
@@ -295,12 +304,11 @@ class Engine:
         now_wall = datetime.now(UTC)
         for req in fresh:
             if req.rid in done:
-                self.stats.duplicates += 1
-                self.metrics.duplicates.inc()
+                self._duplicate(req.msg, req.rid)
                 req.closed = True
-                req.msg.pending.discard(req.rid)
-                req.msg.counts["duplicate"] += 1
-            elif req.expires is not None and now_wall >= req.expires:
+                continue
+            self._working[req.rid] = req
+            if req.expires is not None and now_wall >= req.expires:
                 self._expire(req)
             else:
                 fut = self._pool.submit(self._prepare, req)
@@ -308,32 +316,68 @@ class Engine:
         for msg in {r.msg for r in fresh}:
             self._maybe_finalize(msg)
 
+    def _follows(self, req: _Request) -> bool:
+        """A request this engine is already answering under the same id (a duplicate delivery in
+        flight) waits for that answer instead of running again."""
+        if req.rid not in self._working:
+            return False
+        self._followers.setdefault(req.rid, []).append(req.msg)  # counted a duplicate once answered
+        return True
+
+    def _duplicate(self, msg: _Message, rid: str) -> None:
+        """`rid` of `msg` already has a stored answer: nothing to do for it."""
+        self.stats.duplicates += 1
+        self.metrics.duplicates.inc()
+        msg.pending.discard(rid)
+        msg.counts["duplicate"] += 1
+
     def _open_message(self, d: Delivery) -> list[_Request]:
-        """Register a delivery; returns its requests still to answer (errors are answered here)."""
+        """Register a delivery; returns its requests still to answer. A message that cannot be run
+        is answered here: an error under every id it can be answered under (its own id and the
+        ids in its body, never a header's claims), or a copy on the dead-letter list when it has
+        no usable id; a request whose id cannot be a key is dead-lettered too."""
         mid = messages.message_id(d.headers)
-        if mid is None:
-            log.error("dropping a message without a task id (headers %r)", sorted(d.headers)[:20])
-            d.reject(False)
-            return []
-        head_ids = messages.header_ids(d.headers)
-        msg = _Message(d, mid, chunk=bool(head_ids))
+        msg = _Message(d, mid or "(no id)", chunk=False)
         self._messages.add(msg)
+        if mid is None or keys.id_problem(mid):
+            reason = f"message id {keys.id_problem(mid) or 'is missing'}"
+            log.error("queue item dead-lettered: %s", reason)
+            self._dead(msg, dead_letter_entry(reason, message_id=None, item=d.body))
+            return []
         try:
             got = messages.decode_delivery(
                 mid, d.headers, d.body, d.content_type, max_message_bytes=self.settings.max_message_bytes
             )
-        except InvalidRequest as e:
-            # Answer every id we know of (the message id, and a chunk's row ids from its header).
-            log.warning("message %s refused: %s", mid, e)
-            for rid in dict.fromkeys(head_ids or [mid]):
-                msg.pending.add(rid)
-                self._answer(msg, rid, error_result(rid, None, e))
+        except messages.Refused as e:
+            self._refuse(msg, messages.refused_ids(d.headers), e, raw=d.body)
+            return []
+        except Vela2Error as e:
+            self._refuse(msg, messages.answerable_ids(mid, d.body), e, raw=d.body)
             return []
         msg.chunk = got.chunk
         if got.repeated:
             msg.counts["repeated"] += got.repeated  # the same id twice in one chunk: answered once
+        for obj, why in got.unusable:
+            log.error("request of message %s dead-lettered: %s", mid, why)
+            self._dead(msg, dead_letter_entry(why, message_id=mid, request=obj))
         msg.pending.update(rid for rid, _ in got.requests)
         return [_Request(rid, obj, msg, d.received, got.expires) for rid, obj in got.requests]
+
+    def _refuse(self, msg: _Message, ids: list[str], e: Vela2Error, raw: bytes) -> None:
+        """Answer a message that cannot run: its error under each usable id, else a dead letter."""
+        log.warning("message %s refused: %s", msg.id, e)
+        if not ids:
+            self._dead(msg, dead_letter_entry(str(e), message_id=msg.id, item=raw))
+        for rid in ids:
+            msg.pending.add(rid)
+            self._answer(msg, rid, error_result(rid, None, e))
+
+    def _dead(self, msg: _Message, entry: str) -> None:
+        """Queue a dead-letter entry; the message is acked only once it is pushed."""
+        token = f"\x00dead-{len(self._to_dead)}-{id(entry)}"
+        msg.pending.add(token)
+        self._to_dead.append((msg, token, entry))
+        self.stats.dead_lettered += 1
 
     def _prepare(self, req: _Request) -> tuple[Any, Any]:
         """(CPU thread) validate + render one request -> (Prepared, parsed SystemOne or None)."""
@@ -457,9 +501,11 @@ class Engine:
         try:
             if self.store.existing([req.rid]):  # answered meanwhile (another delivery of it)
                 req.closed = True
-                req.msg.pending.discard(req.rid)
-                req.msg.counts["duplicate"] += 1
-                self.stats.duplicates += 1
+                self._working.pop(req.rid, None)
+                self._duplicate(req.msg, req.rid)
+                for other in self._followers.pop(req.rid, []):
+                    self._duplicate(other, req.rid)
+                    self._maybe_finalize(other)
                 self._maybe_finalize(req.msg)
                 return True
         except Exception as e:
@@ -476,12 +522,9 @@ class Engine:
     def _dead_letter(self, req: _Request, died: int) -> None:
         """Move a poison request to the dead-letter list and answer it with a "poison" error."""
         reason = f"request crashed the worker {died} times; moved to {self._dead_key}"
-        try:
-            self.store.redis.lpush(self._dead_key, dead_letter_entry(req.rid, req.msg.id, reason, died, req.obj))
-        except Exception as e:  # the error answer still goes out; the list is for humans
-            log.error("pushing %s to %s failed: %s", req.rid, self._dead_key, e)
         log.error("request %s is poison: %s", req.rid, reason)
-        self.stats.dead_lettered += 1
+        self._dead(req.msg, dead_letter_entry(reason, message_id=req.msg.id, request_id=req.rid, request=req.obj,
+                                              attempts=died))
         self._attempts.poisoned(req.rid)  # its counter goes once the error answer is stored, never earlier
         self._fail(req, PoisonRequest(reason))
 
@@ -565,42 +608,96 @@ class Engine:
         self.metrics.observe_result(status, reason, res.timings)
 
     def _flush_results(self) -> None:
-        """Store pending results (one round trip), then summaries of finished chunks, then ack."""
-        if not self._to_store or self.clock() < self._store_after:
+        """Store pending results and dead letters (one round trip), then ack every message whose
+        ids are all stored. Redis refusing writes (full, away) leaves them queued for a retry; a
+        result that cannot be stored as it is becomes a storage_error result, else a dead letter."""
+        if not (self._to_store or self._to_dead) or self.clock() < self._store_after:
             return
         items, self._to_store = self._to_store, []
+        dead, self._to_dead = self._to_dead, []
         try:
-            self.store.store([(rid, meta) for _, rid, meta, _ in items])
+            outcomes = self.store.store([(rid, meta) for _, rid, meta, _ in items]) if items else []
+            if dead:
+                self.store.redis.lpush(self._dead_key, *[entry for _, _, entry in dead])
         except Exception as e:
-            log.error("storing %d results failed (%s); retrying in %.0f s", len(items), e, _STORE_RETRY_S)
-            self._to_store = items + self._to_store
-            self._store_after = self.clock() + _STORE_RETRY_S
+            self._retry_later(items, dead, e)
             return
-        self._attempts.forget([rid for _, rid, _, _ in items])
-        if self.on_stored is not None:
+        stored, retry, refusal = [], [], None
+        for item, outcome in zip(items, outcomes, strict=True):
+            if not isinstance(outcome, Exception):
+                stored.append(item)
+            elif isinstance(outcome, retry_errors.REFUSED_ERRORS):
+                retry.append(item)
+                refusal = outcome
+            else:
+                self._unstorable(item, outcome)
+        if refusal is not None:
+            self._retry_later(retry, [], refusal)
+        elif retry_errors.BLOCKED.since is not None:
+            retry_errors.BLOCKED.accepted()
+        touched = [msg for msg, _, _ in dead]
+        for msg, token, _ in dead:
+            msg.pending.discard(token)
+        self._attempts.forget([rid for _, rid, _, _ in stored])
+        if self.on_stored is not None and stored:
             try:
-                self.on_stored([(rid, status, meta) for _, rid, meta, status in items])
+                self.on_stored([(rid, status, meta) for _, rid, meta, status in stored])
             except Exception as e:  # monitoring must never hold up acks
                 log.warning("on_stored hook failed: %s", e)
-        touched = []
-        for msg, rid, _, status in items:
+        for msg, rid, _, status in stored:
             msg.pending.discard(rid)
-            msg.counts[status] += 1
-            self.stats.results[status] += 1
+            if status != "summary":
+                msg.counts[status] += 1
+                self.stats.results[status] += 1
             touched.append(msg)
+            touched.extend(self._settled(rid, msg))
         for msg in dict.fromkeys(touched):
             self._maybe_finalize(msg)
 
+    def _settled(self, rid: str, msg: _Message) -> list[_Message]:
+        """`rid` of `msg` is stored (or dead-lettered): the messages that waited on it are done with it."""
+        req = self._working.get(rid)
+        if req is None or req.msg is not msg:
+            return []
+        del self._working[rid]
+        followers = self._followers.pop(rid, [])
+        for other in followers:
+            self._duplicate(other, rid)
+        return followers
+
+    def _retry_later(self, items: list[Any], dead: list[Any], e: BaseException) -> None:
+        """Keep what Redis did not take for the next try, in a second (Redis full or away)."""
+        retry_errors.BLOCKED.refused(f"storing {len(items)} results and {len(dead)} dead letters", e)
+        self._to_store = items + self._to_store
+        self._to_dead = dead + self._to_dead
+        self._store_after = self.clock() + _STORE_RETRY_S
+
+    def _unstorable(self, item: tuple[_Message, str, dict[str, Any], str], e: Exception) -> None:
+        """A result Redis will not take as it is: store a short storage_error result instead, or
+        (that failing too, or an id that cannot be a key) dead-letter it."""
+        msg, rid, meta, status = item
+        log.error("the result of %s cannot be stored: %s: %s", rid, type(e).__name__, _clip(str(e)))
+        if isinstance(e, UnicodeError) or meta.get("vela2_storage_error"):
+            msg.pending.discard(rid)
+            self._dead(msg, dead_letter_entry(f"result could not be stored: {type(e).__name__}: {_clip(str(e))}",
+                                              message_id=msg.id, request_id=rid))
+            for other in self._settled(rid, msg):
+                self._maybe_finalize(other)
+            return
+        err = StorageError(f"the result could not be stored: {type(e).__name__}: {_clip(str(e))}")
+        fallback = row_meta(rid, error_result(rid, None, err))
+        fallback["vela2_storage_error"] = True
+        self._to_store.append((msg, rid, fallback, "error" if status != "summary" else status))
+
     def _maybe_finalize(self, msg: _Message) -> None:
-        """Ack a message once every request of it has a stored result (a chunk: its summary too)."""
+        """Ack a message once everything of it is stored (a chunk: its summary too, stored last)."""
         if msg.pending or msg.finalized:
             return
-        if msg.chunk:
-            try:
-                self.store.store([(msg.id, chunk_meta(msg.id, dict(msg.counts)))])
-            except Exception as e:
-                log.error("storing the summary of chunk %s failed (%s); it stays unacked", msg.id, e)
-                return
+        if msg.chunk and not msg.summarized:
+            msg.summarized = True
+            msg.pending.add(msg.id)
+            self._to_store.append((msg, msg.id, chunk_meta(msg.id, dict(msg.counts)), "summary"))
+            return
         with self._lock:
             if msg.finalized:
                 return

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from vela2.packing import padded_tokens
 from vela2.wire import keys
+from worker.retry import write_blocked_seconds
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,8 @@ class Metrics:
         self.requests = Counter("vela2_requests", "Results stored, by status (ok, error, expired)", ["status"],
                                 registry=r)
         self.failures = Counter("vela2_failures", "Failed requests, by reason (error type)", ["reason"], registry=r)
-        self.duplicates = Counter("vela2_duplicate_deliveries", "Deliveries of requests that already had a result",
+        self.duplicates = Counter("vela2_duplicate_deliveries", "Deliveries of requests that already had a result "
+                                  "or were being answered",
                                   registry=r)
         self.batches = Counter("vela2_batches", "Batches run (retried halves included), by outcome", ["outcome"],
                                registry=r)
@@ -97,6 +99,9 @@ class Metrics:
                                   ["stage"], buckets=_S_BUCKETS, registry=r)
         self.buffered = Gauge("vela2_buffered_messages", "Messages held by this worker's engine", registry=r)
         self.waiting = Gauge("vela2_waiting_sequences", "Sequences waiting in length buckets", registry=r)
+        self.write_blocked = Gauge("vela2_redis_write_blocked_seconds", "How long this worker has been waiting for "
+                                   "Redis to accept a write (full, loading or away); 0 when it is not", registry=r)
+        self.write_blocked.set_function(write_blocked_seconds)
         self.info = Gauge("vela2_worker_info", "Constant 1, labelled with what this worker serves",
                           ["model", "device", "precision"], registry=r)
 

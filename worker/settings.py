@@ -60,6 +60,7 @@ class WorkerSettings:
     result_expires_s: int = setting(DEFAULT_RESULT_EXPIRES_S, "TTL of stored results")
     shutdown_timeout_s: float = setting(60.0, "warm shutdown: finish what is held within this, return the rest")
     metrics_port: int = setting(0, "serve Prometheus metrics on this port; 0: off")
+    redis_wait_s: float = setting(60.0, "at start, wait this long for Redis to answer, then exit non-zero")
     model_name: str | None = setting(None, "queue naming; default the checkpoint's name", env="VELA2_MODEL",
                                      flag="--model")
     attn: str = setting("sdpa", "attention backend: sdpa (dense tree mask) or flex (block-sparse, compiled)",
@@ -124,7 +125,7 @@ class WorkerSettings:
                      "max_message_bytes", "attempts_ttl_s"):
             if _get(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1; got {_get(self, name)}")
-        for name in ("max_wait_ms", "shutdown_timeout_s", "row_tokens", "metrics_port"):
+        for name in ("max_wait_ms", "shutdown_timeout_s", "row_tokens", "metrics_port", "redis_wait_s"):
             if _get(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0; got {_get(self, name)}")
         if self.visibility_timeout_s <= 0:
@@ -249,5 +250,24 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
+README_MARKERS = ("<!-- settings-table: python -m worker.settings -->\n", "\n<!-- /settings-table -->")
+
+
+def readme_with_table(text: str) -> str:
+    """`text` (the README) with the block between README_MARKERS replaced by `markdown_table()`."""
+    start, end = README_MARKERS
+    head, found, rest = text.partition(start)
+    if not found or end not in rest:
+        raise ValueError("the README has no settings-table block")
+    return head + start + markdown_table() + end + rest.split(end, 1)[1]
+
+
 if __name__ == "__main__":
-    sys.stdout.write(markdown_table() + "\n")
+    # `python -m worker.settings` prints the table; `--readme README.md` rewrites it in place
+    if sys.argv[1:2] == ["--readme"] and len(sys.argv) == 3:
+        with open(sys.argv[2], encoding="utf-8") as f:
+            updated = readme_with_table(f.read())
+        with open(sys.argv[2], "w", encoding="utf-8") as f:
+            f.write(updated)
+    else:
+        sys.stdout.write(markdown_table() + "\n")

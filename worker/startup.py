@@ -11,12 +11,14 @@ max_wait + (buffered batches + 1) x worst batch x 2.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from vela2.errors import ConfigError
+from vela2.errors import ConfigError, Vela2Error
 from vela2.wire import keys
 from vela2.wire.results import ResultStore
 from worker import faults
@@ -28,6 +30,76 @@ from worker.settings import EngineSettings, WorkerSettings, env_name
 log = logging.getLogger(__name__)
 
 
+START_FAILURE_EXIT = 2  # a worker that cannot start exits with this (never 0, so supervisors restart it)
+_AUTH_TRIES = 3  # a refused password is tried this often (a rotation in progress), then it is final
+
+
+def exit_on_start_failure(e: BaseException) -> None:
+    """End the process: one line on stderr naming why the worker cannot start, exit code 2."""
+    what = str(e) if isinstance(e, Vela2Error) else f"{type(e).__name__}: {e}"
+    if not isinstance(e, Vela2Error):
+        log.critical("worker start-up failed", exc_info=e)
+    sys.stderr.write(f"vela2 worker: cannot start: {what}\n")
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(START_FAILURE_EXIT)
+
+
+def preflight(settings: WorkerSettings) -> None:
+    """What can be checked before Celery starts, so `vela2 worker` fails fast with one clear line:
+    the settings, the checkpoint's config, and Redis (reachable within redis_wait_s, and the
+    password accepted). Raises ConfigError / CheckpointError."""
+    settings.validate()
+    settings.resolved_model_name()  # reads the checkpoint's config.json
+    check_redis(settings.redis_url, settings.redis_wait_s)
+
+
+def redact(url: str) -> str:
+    """A Redis URL without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def check_redis(url: str, wait_s: float) -> None:
+    """PING Redis: wait up to `wait_s` for it to answer (it may start after the worker), but fail
+    at once (after a few quick tries) when it refuses the credentials."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    deadline = time.monotonic() + wait_s
+    auth_tries = 0
+    last_log = 0.0
+    try:
+        while True:
+            try:
+                client.ping()
+                return
+            except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
+                    redis.exceptions.NoPermissionError) as e:
+                auth_tries += 1
+                if auth_tries >= _AUTH_TRIES:
+                    raise ConfigError(f"Redis at {redact(url)} refuses the credentials: {e}") from None
+            except redis.exceptions.ResponseError as e:
+                if "NOAUTH" in str(e) or "WRONGPASS" in str(e):
+                    raise ConfigError(f"Redis at {redact(url)} refuses the credentials: {e}") from None
+                raise ConfigError(f"Redis at {redact(url)} answers PING with an error: {e}") from None
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                    redis.exceptions.BusyLoadingError) as e:
+                if time.monotonic() >= deadline:
+                    raise ConfigError(f"Redis at {redact(url)} did not answer within {wait_s:g} s "
+                                      f"(redis_wait_s): {e}") from None
+                if time.monotonic() - last_log >= 10:
+                    last_log = time.monotonic()
+                    log.warning("waiting for Redis at %s: %s", redact(url), e)
+            time.sleep(0.3)
+    finally:
+        client.close()
+
+
 def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None] | None = None) -> Engine:
     """Load the model once, measure the worst batch, check the visibility timeout, start the engine.
     `on_stored` sees every batch of stored results (Celery task events, worker.app)."""
@@ -37,7 +109,7 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     import vela2
     import vela2.pipeline
 
-    settings.validate()
+    preflight(settings)
     if not settings.checkpoint:
         raise ConfigError(f"no checkpoint: pass --checkpoint or set {env_name('checkpoint')}")
     model = vela2.load(settings.checkpoint, device=settings.device, dtype=getattr(torch, settings.resolved_dtype),

@@ -310,3 +310,108 @@ def test_a_failing_store_delays_the_ack(redis):
     broker.wait(1, timeout_s=10)
     engine.stop(5)
     assert calls["n"] >= 2 and broker.acked == ["x"]
+
+
+def _raw_delivery(broker, headers, body, acks):
+    def ack():
+        acks.append(headers.get("id"))
+
+    return Delivery(headers=headers, body=body, ack=ack, reject=lambda requeue: broker.rejected.append(("?", requeue)))
+
+
+def test_a_duplicate_in_flight_runs_once_and_is_counted(redis):
+    pipe = FakePipeline(delay_s=0.2)
+    engine, _, broker = make_engine(redis, pipe)
+    engine.submit(broker.delivery([row("twice")]))
+    deadline = time.monotonic() + 10
+    while not pipe.batches:  # the first delivery is running
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    engine.submit(broker.delivery([row("twice")]))  # a producer retry while it runs
+    broker.wait(2)
+    engine.stop(5)
+    assert broker.acked == ["twice", "twice"]
+    assert [b for b in pipe.batches if ("twice", 0) in b] == [[("twice", 0)]]  # scored once
+    assert engine.stats.duplicates == 1 and engine.metrics.duplicates._value.get() == 1
+    assert engine.stats.retried_alone == 0  # no "died with its worker" suspicion
+
+
+def test_a_refused_queue_item_is_answered_under_its_ids_or_dead_lettered(redis):
+    from vela2.wire.messages import triage
+
+    engine, _, broker = make_engine(redis)
+    acks: list = []
+    named = triage(json.dumps({"headers": {"task": "celery.backend_cleanup", "id": "other-task-1"},
+                               "properties": {"delivery_tag": "t1"}, "body": ""}), QUEUE).envelope
+    nameless = triage(b"\xff not json at all", QUEUE).envelope
+    for env in (named, nameless):
+        engine.submit(_raw_delivery(broker, env["headers"], base64.b64decode(env["body"]), acks))
+    deadline = time.monotonic() + 10
+    while len(acks) < 2:
+        assert time.monotonic() < deadline, acks
+        time.sleep(0.005)
+    engine.stop(5)
+    res = read_results(redis, ["other-task-1"])["other-task-1"]
+    assert res.status == Status.error and "not served here" in res.error.message
+    dead = [json.loads(x) for x in redis.lrange("vela2.fake.dead", 0, -1)]
+    assert len(dead) == 1 and "not valid JSON" in dead[0]["reason"] and dead[0]["item"].startswith("\\xff not json")
+
+
+def test_a_request_whose_id_cannot_be_a_key_never_stops_the_others(redis):
+    engine, _, broker = make_engine(redis)
+    acks: list = []
+    body = json.dumps([[[row("fine-1"), row("\ud800"), row("fine-2")]], {"chunk": True}, {}]).encode()
+    engine.submit(_raw_delivery(broker, {"id": "chunk-x", "task": "vela2.score"}, body, acks))
+    for i in range(20):
+        engine.submit(broker.delivery([row(f"innocent-{i}")]))
+    broker.wait(20)
+    deadline = time.monotonic() + 10
+    while not acks:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    engine.stop(5)
+    got = read_results(redis, ["fine-1", "fine-2", *[f"innocent-{i}" for i in range(20)]])
+    assert all(r is not None and r.status == Status.ok for r in got.values())
+    [dead] = [json.loads(x) for x in redis.lrange("vela2.fake.dead", 0, -1)]
+    assert "not valid Unicode" in dead["reason"] and dead["message_id"] == "chunk-x"
+    assert json.loads(redis.get(result_key("chunk-x")))["result"]["ok"] == 2
+
+
+def test_a_body_nested_deeper_than_the_limit_is_answered_and_spares_its_turn(redis):
+    engine, _, broker = make_engine(redis)
+    deep = ("[" * 100_000 + "]" * 100_000).encode()
+    engine.submit(broker.delivery([row("deep")], body=deep))
+    engine.submit(broker.delivery([row("neighbour")]))
+    broker.wait(2)
+    engine.stop(5)
+    res = read_results(redis, ["deep", "neighbour"])
+    assert res["deep"].error.type == "invalid_request" and "nested deeper" in res["deep"].error.message
+    assert res["neighbour"].status == Status.ok
+
+
+def test_a_result_redis_will_not_take_becomes_a_storage_error_and_full_redis_is_waited_out(redis):
+    import redis as redis_lib
+
+    engine, _, broker = make_engine(redis)
+    real_store = engine.store.store
+    calls = {"full": 2}
+
+    def picky(items):
+        if calls["full"]:  # Redis full for two tries: everything waits, nothing is lost
+            calls["full"] -= 1
+            return [redis_lib.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
+                    for _ in items]
+        too_big = [rid == "huge" and not meta.get("vela2_storage_error") for rid, meta in items]
+        out = iter(real_store([item for item, big in zip(items, too_big, strict=True) if not big]))
+        return [redis_lib.exceptions.ResponseError("string exceeds maximum allowed size") if big else next(out)
+                for big in too_big]
+
+    engine.store.store = picky  # type: ignore[method-assign]
+    engine.submit(broker.delivery([row("huge")]))
+    engine.submit(broker.delivery([row("small")]))
+    broker.wait(2, timeout_s=20)
+    engine.stop(5)
+    res = read_results(redis, ["huge", "small"])
+    assert res["small"].status == Status.ok
+    assert res["huge"].status == Status.error and res["huge"].error.type == "storage_error"
+    assert calls["full"] == 0

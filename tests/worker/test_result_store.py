@@ -122,3 +122,37 @@ def test_existing_and_readers_take_one_round_trip_each(redis):
     assert all(got[i].status == Status.ok for i in ids[:30]) and all(got[i] is None for i in ids[30:])
     assert answers["r0"]["answers"][0]["decision"] == "yes"
     assert read_results(redis, ["chunk-1"]) == {"chunk-1": None}  # a summary is no row result
+
+
+def test_the_submitted_marker_becomes_an_answered_tombstone_that_outlives_the_result(redis):
+    from vela2.wire.keys import submitted_key
+    from vela2.wire.results import ANSWERED, marker_says_answered
+
+    redis.set(submitted_key("tracked"), "vela2.m", ex=86_400)
+    store = ResultStore(redis, ttl_s=60, expired_marker_s=600)
+    assert store.store([("tracked", row_meta("tracked", ok_result("tracked"))),
+                        ("untracked", row_meta("untracked", ok_result("untracked")))]) == [True, True]
+    assert marker_says_answered(redis.get(submitted_key("tracked")))
+    assert redis.get(submitted_key("tracked")) == ANSWERED.encode()
+    assert 600 < redis.ttl(submitted_key("tracked")) <= 660 and redis.ttl(result_key("tracked")) <= 60
+    assert redis.get(submitted_key("untracked")) is None  # no marker is created for an untracked request
+    redis.set(submitted_key("tracked"), "vela2.m")  # a second answer neither writes nor touches the marker
+    assert store.store([("tracked", row_meta("tracked", ok_result("tracked")))]) == [False]
+    assert not marker_says_answered(redis.get(submitted_key("tracked")))
+
+
+def test_one_item_that_cannot_be_stored_never_stops_the_others(redis):
+    store = ResultStore(redis)
+    out = store.store([("a", row_meta("a", ok_result("a"))), ("\ud800", row_meta("x", ok_result("x"))),
+                       ("b", row_meta("b", ok_result("b")))])
+    assert out[0] is True and isinstance(out[1], UnicodeEncodeError) and out[2] is True
+    assert set(read_results(redis, ["a", "b"])) == {"a", "b"} and all(read_results(redis, ["a", "b"]).values())
+
+
+def test_an_error_quoting_a_lone_surrogate_is_still_stored_as_valid_json(redis):
+    res = error_result("e", None, InvalidRequest("text 'a\ud800b' is not valid Unicode"))
+    assert ResultStore(redis).store([("e", row_meta("e", res))]) == [True]
+    raw = redis.get(result_key("e"))
+    assert b"\\ud800" in raw  # escaped: the stored value is UTF-8 JSON Redis and every reader can take
+    got = read_results(redis, ["e"])["e"]
+    assert got.error.type == "invalid_request" and "a\ud800b" in got.error.message

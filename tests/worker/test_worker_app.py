@@ -4,7 +4,6 @@ they produce, and the visibility-timeout rule."""
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import pytest
@@ -61,9 +60,9 @@ def test_every_setting_has_one_env_name_and_one_flag():
 
 def test_the_readme_settings_table_is_generated_from_the_settings():
     readme = (ROOT / "README.md").read_text()
-    m = re.search(r"<!-- settings-table: python -m worker.settings -->\n(.*?)\n<!-- /settings-table -->", readme, re.S)
-    assert m, "README.md has no generated settings table"
-    assert m.group(1) == worker_settings.markdown_table(), "stale: paste `python -m worker.settings` into README.md"
+    assert worker_settings.README_MARKERS[0] in readme, "README.md has no generated settings table"
+    assert worker_settings.readme_with_table(readme) == readme, (
+        "stale: run `.venv/bin/python -m worker.settings --readme README.md`")
 
 
 def test_the_app_is_json_only_late_ack_solo_with_online_before_backfill(demo_dir):

@@ -214,20 +214,23 @@ def test_bad_input_never_harms_a_batch_or_the_worker(redis_url, start_worker):
     mangled = _raw(r, "mangled")
     assert mangled["status"] == "FAILURE" and mangled["result"]["exc_type"] == "InvalidRequest"
     assert "not valid JSON" in mangled["result"]["exc_message"][0]
-    unknown = _raw(r, "unknown-task")  # Celery's consumer answers unknown task names itself
-    assert unknown["status"] == "FAILURE" and unknown["result"]["exc_type"] == "NotRegistered"
+    unknown = _raw(r, "unknown-task")  # refused by name: no other task ever runs here
+    assert unknown["status"] == "FAILURE"
+    assert "'vela2.no_such_task' is not served here" in unknown["result"]["exc_message"][0]
     _wait_drained(r)
+    dead = [json.loads(x) for x in r.lrange(f"{QUEUE}.dead", 0, -1)]  # the items without an id, kept
+    assert sorted(d["item"] for d in dead) == ["this is not a message", '{"no": "envelope"}']
     log = worker.log()
-    assert "splitting" in log and "dropped a queue item that is not a Celery message" in log
+    assert "splitting" in log and "queue item on vela2.vela2-demo refused" in log
     assert worker.terminate() == 0
     client.close()
 
 
 def test_worker_refuses_a_visibility_timeout_shorter_than_its_worst_case(redis_url, start_worker):
     worker = start_worker(redis_url, visibility_timeout_s=0.5)
-    assert worker.wait_exit(120) != 0
+    assert worker.wait_exit(120) == 2  # never 0: a supervisor restarting on failure sees it
     log = worker.log()
-    assert "ConfigError" in log and "visibility timeout 0.5 s is too short" in log
+    assert "vela2 worker: cannot start: visibility timeout 0.5 s is too short" in log
     assert "buffered batches" in log and "worst batch" in log
 
 

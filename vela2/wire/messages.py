@@ -20,14 +20,14 @@ import json
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, LimitExceeded
 from vela2.schemas import content_id
-from vela2.wire.keys import TASK_NAME, chunk_id
+from vela2.wire.keys import TASK_NAME, chunk_id, id_problem
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _REPR_CHARS = 1024  # argsrepr / kwargsrepr are for humans (flower, logs); keep them short
@@ -86,6 +86,10 @@ def build_message(
     if not chunk and len(requests) != 1:
         raise InvalidRequest(f"a single-request message carries 1 request; got {len(requests)} (use chunk=True)")
     pairs = [with_id(r) for r in requests]
+    for rid, _ in pairs:
+        problem = id_problem(rid)
+        if problem:
+            raise InvalidRequest(f"request id {rid[:40]!r} {problem}")
     ids = tuple(rid for rid, _ in pairs)
     objs = [obj for _, obj in pairs]
     if chunk:
@@ -95,7 +99,7 @@ def build_message(
     else:
         mid = message_id or ids[0]
         args, kwargs = [objs[0]], {}
-    body = json.dumps([args, kwargs, _EMBED], ensure_ascii=False, separators=(",", ":")).encode()
+    body = _json_bytes([args, kwargs, _EMBED])
     if len(body) > max_message_bytes:
         raise LimitExceeded(f"message body has {len(body):,} bytes; limit {max_message_bytes:,}")
     headers: dict[str, Any] = {
@@ -119,9 +123,6 @@ def build_message(
         "stamped_headers": None,
         "stamps": {},
     }
-    if chunk:
-        # The row ids, so a worker can answer every row of a chunk it refuses without decoding it.
-        headers["vela2_ids"] = list(ids)
     envelope = {
         "body": base64.b64encode(body).decode("ascii"),
         "content-encoding": "utf-8",
@@ -137,8 +138,18 @@ def build_message(
             "delivery_tag": str(uuid.uuid4()),
         },
     }
-    payload = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+    payload = json.dumps(envelope, ensure_ascii=True, separators=(",", ":"))  # ASCII: base64 body, short headers
     return Message(id=mid, queue=queue, payload=payload, request_ids=ids)
+
+
+def _json_bytes(obj: Any) -> bytes:
+    """Compact UTF-8 JSON; strings UTF-8 cannot encode (lone surrogates) are escaped instead, so
+    the worker can refuse them by name rather than the producer failing on the encoding."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def deadline_to_expires(deadline_s: float | None) -> datetime | None:
@@ -159,6 +170,33 @@ def parse_expires(value: Any) -> datetime | None:
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
+# --- decoding a delivery ------------------------------------------------------------------------
+
+MAX_JSON_DEPTH = 64  # nesting of one message's JSON (envelope or body); requests need far less
+
+
+def decode_json(data: bytes | str, what: str) -> Any:
+    """JSON of bounded nesting; raises InvalidRequest naming `what` and the problem."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise InvalidRequest(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"{what} is not valid JSON: {e}") from None
+    _check_depth(value, what)
+    return value
+
+
+def _check_depth(value: Any, what: str) -> None:
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidRequest(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+
+
 @dataclass(frozen=True)
 class Body:
     """A decoded message body: the requests it carries and whether it is a chunk."""
@@ -171,10 +209,7 @@ def decode_body(body: bytes | str, content_type: str | None = "application/json"
     """Decode [args, kwargs, embed]; raises InvalidRequest naming what is wrong with it."""
     if content_type not in (None, "application/json"):
         raise InvalidRequest(f"message content-type must be application/json; got {content_type!r}")
-    try:
-        decoded = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"message body is not valid JSON: {e}") from None
+    decoded = decode_json(body, "message body")
     if not (
         isinstance(decoded, list)
         and len(decoded) == 3
@@ -204,23 +239,19 @@ def message_id(headers: dict[str, Any]) -> str | None:
     return mid if isinstance(mid, str) and mid else None
 
 
-def header_ids(headers: dict[str, Any]) -> list[str]:
-    """The row ids a chunk's `vela2_ids` header lists ([] for a single request or none given)."""
-    ids = headers.get("vela2_ids")
-    return [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
-
-
 @dataclass(frozen=True)
 class Delivered:
     """A decoded delivery: the message id, whether it is a chunk, its requests as (id, request)
     pairs in order (an id repeated inside one chunk is answered once: `repeated` counts the rest),
-    and its deadline."""
+    its deadline, and the requests whose id cannot be a key (`unusable`: (request, why)), which
+    can only be dead-lettered."""
 
     message_id: str
     chunk: bool
     requests: list[tuple[str, Any]]
     expires: datetime | None
     repeated: int = 0
+    unusable: list[tuple[Any, str]] = field(default_factory=list)
 
 
 def decode_delivery(
@@ -231,21 +262,177 @@ def decode_delivery(
     *,
     max_message_bytes: int = LIMITS.max_message_bytes,
 ) -> Delivered:
-    """Decode the delivery of message `mid` (see `message_id`); raises InvalidRequest /
-    LimitExceeded naming what is wrong (the caller answers the ids it knows: `header_ids`, else `mid`)."""
+    """Decode the delivery of message `mid` (see `message_id`); raises Refused (a queue item the
+    worker's channel took apart, see `triage`), or InvalidRequest / LimitExceeded naming what is
+    wrong: then `answerable_ids` says which ids the error may be stored under."""
+    refused = headers.get(REFUSED_HEADER)
+    if refused is not None:
+        raise Refused(str(refused))
     if len(body) > max_message_bytes:
         raise LimitExceeded(f"message has {len(body):,} bytes; limit {max_message_bytes:,}")
     decoded = decode_body(body, content_type)
     expires = parse_expires(headers.get("expires"))
     pairs: dict[str, Any] = {}
+    unusable: list[tuple[Any, str]] = []
     repeated = 0
     for obj in decoded.requests:
         rid = request_id(obj) if decoded.chunk else mid
+        if not decoded.chunk and isinstance(obj, dict) and isinstance(obj.get("id"), str) and obj["id"] != mid:
+            raise InvalidRequest(f"the request's id {obj['id'][:80]!r} differs from its message id {mid[:80]!r}")
+        problem = id_problem(rid)
+        if problem:
+            unusable.append((obj, f"request id {problem}"))
+            continue
         if rid in pairs:
             repeated += 1
             continue
         pairs[rid] = obj
-    return Delivered(mid, decoded.chunk, list(pairs.items()), expires, repeated)
+    return Delivered(mid, decoded.chunk, list(pairs.items()), expires, repeated, unusable)
+
+
+def answerable_ids(mid: str, body: bytes | str) -> list[str]:
+    """The ids an error for an undecodable message is stored under: its own id and every id its
+    body names (found leniently: any size, as long as the JSON parses), never a header's claims,
+    so a message can never write under an id that is not in its own body. Unusable ids are left
+    out (the caller dead-letters the message when none is left)."""
+    ids = [mid]
+    try:
+        decoded = decode_json(body, "message body")
+    except InvalidRequest:
+        decoded = None
+    if isinstance(decoded, list) and decoded and isinstance(decoded[0], list):
+        args = decoded[0]
+        objs = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+        ids += [request_id(o) for o in objs if isinstance(o, dict)]
+    return [i for i in dict.fromkeys(ids) if id_problem(i) is None]
+
+
+# --- what a worker's channel does with a queue item ------------------------------------------------
+
+REFUSED_HEADER = "vela2_refused"  # set by the worker's channel on a queue item it took apart
+REFUSED_CONTENT_TYPE = "application/x-vela2-refused"
+
+
+class Refused(InvalidRequest):
+    """A queue item that is no message of ours; the channel wrapped it so it is answered or
+    dead-lettered like any other delivery (ack after store, redelivered if the worker dies)."""
+
+
+@dataclass(frozen=True)
+class Triage:
+    """A queue item, looked at before kombu touches it: the envelope to deliver (the item's own, or
+    a wrapper of it when refused) and why it was refused (None when it is a message of ours)."""
+
+    envelope: dict[str, Any]
+    refused: str | None = None
+
+
+def triage(payload: bytes | str, queue: str, *, task: str = TASK_NAME) -> Triage:
+    """Check a raw queue item is a protocol-2 message of `task` that kombu and the engine can take
+    (a JSON object of bounded nesting; dict headers naming our task and a usable id; properties
+    with a delivery tag; a base64 or plain string body; JSON content; no compression). Anything else
+    is wrapped in an envelope of our task carrying the raw item, its reason and the ids found in it,
+    so the engine answers those ids with the reason, or dead-letters the item. The routing key is
+    always the queue the item came from (a restore goes back there, whatever the item claims)."""
+    raw = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else payload
+    try:
+        env = decode_json(raw, "queue item")
+        if not isinstance(env, dict):
+            raise InvalidRequest(f"queue item must be a JSON object; got {type(env).__name__}")
+        headers, props = env.get("headers"), env.get("properties")
+        if not isinstance(props, dict) or not isinstance(props.get("delivery_tag"), str):
+            raise InvalidRequest("envelope properties must be an object with a delivery_tag")
+        if not isinstance(headers, dict):
+            found = _protocol1_id(env)
+            if found is not None:
+                raise _WithIds("Celery protocol 1 messages are not supported: send protocol 2", [found])
+            raise _WithIds(f"envelope headers must be an object; got {type(headers).__name__}", _body_ids(env))
+        mid = message_id(headers)
+        if headers.get("task") != task:
+            raise _WithIds(f"task {str(headers.get('task'))[:80]!r} is not served here (only {task!r})",
+                           [mid] if mid else [])
+        if mid is None or id_problem(mid):
+            raise InvalidRequest(f"message id {id_problem(mid) or 'is missing'}")
+        if props.get("body_encoding") not in (None, "", "base64", "utf-8"):
+            raise _WithIds(f"body_encoding {str(props.get('body_encoding'))[:40]!r} is not base64", [mid])
+        if headers.get("compression") is not None:
+            raise _WithIds("compressed messages are not supported", [mid])
+        body = env.get("body")
+        if not isinstance(body, str):
+            raise _WithIds(f"message body must be a string; got {type(body).__name__}", [mid])
+        if props.get("body_encoding") == "base64":
+            try:
+                base64.b64decode(body, validate=True)
+            except ValueError:
+                raise _WithIds("message body is not valid base64", [mid]) from None
+        if env.get("content-type") not in (None, "application/json"):
+            raise _WithIds(f"message content-type must be application/json; got {env.get('content-type')!r}",
+                           [mid])
+    except _WithIds as e:
+        return Triage(_refused_envelope(raw, queue, e.reason, e.ids), e.reason)
+    except InvalidRequest as e:
+        return Triage(_refused_envelope(raw, queue, str(e), []), str(e))
+    props["delivery_info"] = {"exchange": "", "routing_key": queue}
+    headers.pop(REFUSED_HEADER, None)  # only the channel sets it
+    return Triage(env)
+
+
+class _WithIds(Exception):
+    """A refusal that names the ids found in the item (kept only when they are usable keys)."""
+
+    def __init__(self, reason: str, ids: list[str | None]):
+        super().__init__(reason)
+        self.reason = reason
+        self.ids = [i for i in ids if i is not None and id_problem(i) is None]
+
+
+def _body_ids(env: dict[str, Any]) -> list[str | None]:
+    """The request ids a protocol-2 body names, when it can be read (an item refused for its
+    headers still gets its requests answered)."""
+    body = env.get("body")
+    if not isinstance(body, str):
+        return []
+    try:
+        if (env.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body, validate=True).decode("utf-8", "surrogatepass")
+    except ValueError:
+        return []
+    return list(answerable_ids("", body))
+
+
+def _protocol1_id(env: dict[str, Any]) -> str | None:
+    """The task id of a Celery protocol-1 message (the task and id live in the body)."""
+    try:
+        body = env.get("body")
+        if (env.get("properties") or {}).get("body_encoding") == "base64" and isinstance(body, str):
+            body = base64.b64decode(body)
+        decoded = decode_json(body, "body") if isinstance(body, str | bytes) else None
+    except (InvalidRequest, ValueError):
+        return None
+    if isinstance(decoded, dict) and "task" in decoded and id_problem(decoded.get("id")) is None:
+        return str(decoded["id"])
+    return None
+
+
+def _refused_envelope(raw: bytes, queue: str, reason: str, ids: list[str]) -> dict[str, Any]:
+    """An envelope of our task carrying a refused queue item (base64) for the engine to answer."""
+    tag = str(uuid.uuid4())
+    mid = ids[0] if ids else f"refused-{tag}"
+    return {
+        "body": base64.b64encode(raw).decode("ascii"),
+        "content-encoding": "binary",
+        "content-type": REFUSED_CONTENT_TYPE,
+        "headers": {"lang": "py", "task": TASK_NAME, "id": mid, REFUSED_HEADER: reason[:1000],
+                    "vela2_refused_ids": ids, "retries": 0, "expires": None},
+        "properties": {"correlation_id": mid, "delivery_mode": 2, "priority": 0, "body_encoding": "base64",
+                       "delivery_tag": tag, "delivery_info": {"exchange": "", "routing_key": queue}},
+    }
+
+
+def refused_ids(headers: dict[str, Any]) -> list[str]:
+    """The ids found in a refused item (set by the channel: they are safe keys)."""
+    ids = headers.get("vela2_refused_ids")
+    return [i for i in ids if id_problem(i) is None] if isinstance(ids, list) else []
 
 
 @dataclass(frozen=True)
@@ -260,8 +447,8 @@ class Envelope:
 def decode_envelope(payload: bytes | str) -> Envelope:
     """A queue item (the JSON envelope `build_message` LPUSHes) -> headers, raw body, content type;
     raises InvalidRequest when it is no envelope (what kombu would choke on)."""
+    env = decode_json(payload, "queue item")
     try:
-        env = json.loads(payload)
         headers = env["headers"]
         raw = env["body"]
         encoding = (env.get("properties") or {}).get("body_encoding")

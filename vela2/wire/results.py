@@ -12,6 +12,11 @@ a SystemOne request); FAILURE holds error results with `result` = {"exc_type", "
 our code. Writing is SET NX (first answer wins, a duplicate delivery never changes it) plus a
 PUBLISH on the key's channel, which Celery's result consumer listens on.
 
+The submitted marker (`vela2:submitted:<id>`, set by a tracking producer with the queue as value)
+becomes "answered" when the result is written, and then lives `expired_marker_s` longer than the
+result: a reader that finds no result but that marker knows the result expired (never an endless
+wait), and a marker never says "pending" about a request whose answer has come and gone.
+
 The writer (`ResultStore`, `row_meta`, `chunk_meta`) is the worker's; the readers (`parse_meta`,
 `parse_answer`, `read_results`, `read_answers`) are the producer's. Callers hand in their Redis
 client (redis-py or fakeredis, sync).
@@ -28,18 +33,24 @@ from typing import Any
 
 from vela2 import errors
 from vela2.schemas import RowResult, Status
-from vela2.wire.keys import result_key
+from vela2.wire.keys import result_key, submitted_key
 
 log = logging.getLogger(__name__)
 
 
 DEFAULT_RESULT_EXPIRES_S = 86_400  # one day, Celery's default result_expires
-DEFAULT_SUBMITTED_TTL_S = DEFAULT_RESULT_EXPIRES_S  # a submitted marker lives as long as a result
+DEFAULT_SUBMITTED_TTL_S = DEFAULT_RESULT_EXPIRES_S  # a pending marker: how long a request may wait unanswered
+DEFAULT_EXPIRED_MARKER_S = 86_400  # an "answered" marker outlives its result by this long
+ANSWERED = "answered"  # the submitted marker's value once the result is written
 
-# Write once: SET NX EX, and announce the value on the key's channel only when it was written.
+# Write once: SET NX EX, announce the value on the key's channel, and turn the request's submitted
+# marker (if any) into the "answered" tombstone, only when the result was written.
 STORE_SCRIPT = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   redis.call('PUBLISH', KEYS[1], ARGV[1])
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    redis.call('SET', KEYS[2], 'answered', 'EX', ARGV[3])
+  end
   return 1
 end
 return 0
@@ -111,9 +122,34 @@ def chunk_meta(chunk_id: str, counts: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def encode_meta(meta: dict[str, Any]) -> str:
-    """Compact JSON of a meta dict."""
-    return json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
+def encode_meta(meta: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON of a meta dict; strings UTF-8 cannot encode (lone surrogates quoted in
+    an error message) are escaped, so the value is always valid JSON that Redis can hold."""
+    text = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(meta, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def dead_letter_entry(reason: str, *, message_id: str | None, request_id: str | None = None,
+                      request: Any = None, item: bytes | None = None, attempts: int | None = None) -> str:
+    """The JSON entry (ASCII, so any content fits) of something moved to a dead-letter list: a
+    poison request, a request whose id cannot be a key, or a queue item with no usable id (`item`:
+    the raw item, cut at DEAD_ITEM_BYTES)."""
+    entry: dict[str, Any] = {"id": request_id, "message_id": message_id, "reason": reason,
+                             "at": datetime.now(UTC).isoformat()}
+    if attempts is not None:
+        entry["attempts"] = attempts
+    if request is not None:
+        entry["request"] = request
+    if item is not None:
+        entry["item"] = item[:DEAD_ITEM_BYTES].decode("utf-8", "backslashreplace")
+        entry["item_bytes"] = len(item)
+    return json.dumps(entry, ensure_ascii=True, default=str)
+
+
+DEAD_ITEM_BYTES = 1 << 20  # a dead-lettered queue item keeps its first MiB
 
 
 @dataclass
@@ -122,6 +158,7 @@ class ResultStore:
 
     redis: Any  # a redis.Redis (or fakeredis) client
     ttl_s: int = DEFAULT_RESULT_EXPIRES_S
+    expired_marker_s: int = DEFAULT_EXPIRED_MARKER_S
 
     def __post_init__(self) -> None:
         self._script = self.redis.register_script(STORE_SCRIPT)
@@ -136,15 +173,27 @@ class ResultStore:
             pipe.exists(result_key(rid))
         return {rid for rid, n in zip(ids, pipe.execute(), strict=True) if n}
 
-    def store(self, items: list[tuple[str, dict[str, Any]]]) -> list[bool]:
-        """Write (id, meta) pairs in one pipelined round trip; True where this call wrote the value,
-        False where a result was already there (which is left unchanged)."""
-        if not items:
-            return []
+    def store(self, items: list[tuple[str, dict[str, Any]]]) -> list[bool | Exception]:
+        """Write (id, meta) pairs in one pipelined round trip. Per item: True where this call wrote
+        the value, False where a result was already there (left unchanged), or the exception that
+        item alone met (an id that cannot be a key, a value Redis refuses): the other items are
+        written all the same. Raises only when the round trip itself fails (Redis away)."""
+        out: list[bool | Exception] = [False] * len(items)
+        sent: list[int] = []
         pipe = self.redis.pipeline(transaction=False)
-        for rid, meta in items:
-            self._script(keys=[result_key(rid)], args=[encode_meta(meta), int(self.ttl_s)], client=pipe)
-        return [bool(x) for x in pipe.execute()]
+        ttls = [int(self.ttl_s), int(self.ttl_s) + int(self.expired_marker_s)]
+        for i, (rid, meta) in enumerate(items):
+            try:
+                keys = [result_key(rid).encode("utf-8"), submitted_key(rid).encode("utf-8")]
+            except UnicodeEncodeError as e:
+                out[i] = e
+                continue
+            self._script(keys=keys, args=[encode_meta(meta), *ttls], client=pipe)
+            sent.append(i)
+        if sent:
+            for i, reply in zip(sent, pipe.execute(raise_on_error=False), strict=True):
+                out[i] = reply if isinstance(reply, Exception) else bool(reply)
+        return out
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -184,3 +233,19 @@ def read_answers(redis: Any, ids: Iterable[str]) -> dict[str, dict[str, Any] | N
     """id -> stored answer dict (see `parse_answer`; None while there is none), one round trip."""
     ids = list(ids)
     return {rid: parse_answer(raw) for rid, raw in zip(ids, _mget(redis, ids), strict=True)}
+
+
+# A producer marks a request submitted (KEYS[1] = its marker, KEYS[2] = its result; ARGV = queue,
+# TTL) unless its answer is already stored: a resubmitted, answered id keeps its "answered" marker,
+# so it still reads as expired once that answer expires, never as pending forever.
+MARK_SUBMITTED_SCRIPT = """
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+end
+return 0
+"""
+
+
+def marker_says_answered(raw: bytes | str | None) -> bool:
+    """True for a submitted marker that the worker turned into the "answered" tombstone."""
+    return raw is not None and (raw.decode() if isinstance(raw, bytes) else raw) == ANSWERED

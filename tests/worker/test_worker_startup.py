@@ -1,0 +1,59 @@
+"""A worker that cannot start says so and exits non-zero; one started while Redis is full waits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import redis as redis_lib
+
+from producer.client import Client
+from stack.harness import ROOT, child_env
+from vela2.wire.keys import online_queue
+
+MODEL = "vela2-demo"
+
+
+def run_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vela2.cli", "worker", *args], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_a_worker_that_cannot_start_exits_2_with_one_line(redis_server_factory, demo_dir, tmp_path):
+    locked = redis_server_factory(extra_args=["--requirepass", "secret"])
+    no_ckpt = run_cli("--checkpoint", str(tmp_path / "missing"), "--redis", locked.url())
+    assert no_ckpt.returncode == 2 and no_ckpt.stderr.strip().splitlines() == [
+        f"vela2 worker: {tmp_path / 'missing' / 'config.json'} does not exist"]
+    wrong = run_cli("--checkpoint", str(demo_dir), "--redis", f"redis://:wrong@127.0.0.1:{locked.port}/0")
+    assert wrong.returncode == 2 and "refuses the credentials" in wrong.stderr and "wrong" not in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1
+    gone = run_cli("--checkpoint", str(demo_dir), "--redis", "redis://127.0.0.1:1/0", "--redis-wait-s", "1")
+    assert gone.returncode == 2 and "did not answer within 1 s" in gone.stderr.splitlines()[-1]
+
+
+def test_a_worker_started_while_redis_is_full_waits_and_then_answers(redis_server_factory, start_worker):
+    server = redis_server_factory(extra_args=["--maxmemory", "16mb"])
+    client = Client(server.url(), model=MODEL)
+    row = {"task": "choice:boolq", "text": "The sky is green.", "questions": [{"options": ["yes", "no"]}]}
+    ids = client.submit_many([{**row, "id": f"full-{i}"} for i in range(10)])
+    r = server.client()
+    filled = 0
+    try:
+        while True:
+            r.set(f"fill:{filled}", b"x" * 100_000)
+            filled += 1
+    except redis_lib.exceptions.OutOfMemoryError:
+        pass
+    worker = start_worker(server.url())
+    deadline = time.monotonic() + 120
+    while "Redis refuses writes" not in worker.log():
+        assert worker.alive() and time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.1)
+    assert worker.alive() and r.llen(online_queue(MODEL)) == 10  # waiting, nothing taken or lost
+    r.delete(*[f"fill:{i}" for i in range(filled)])
+    got = client.results_many(ids, timeout_s=120)
+    assert all(v is not None and v.status.value == "ok" for v in got.values())
+    assert worker.terminate() == 0 and "Redis accepts writes again" in worker.log()
+    client.close()
+    r.close()
