@@ -5,12 +5,17 @@
         answer = await client.answer(rid, timeout_s=10)
 
 Waiting never blocks the event loop: one background task per client (the poller) reads the
-result keys of every id any coroutine waits on with ONE MGET per poll (redis.asyncio), resolves
-their futures, and sleeps with asyncio in between. The pause starts at `poll_min_s`, doubles up to
-`poll_max_s` while nothing arrives, and drops back when a result arrives or a new waiter joins, so a
-thousand concurrent `answer()` calls cost one MGET per pause, not a thousand GETs. Validation and
-message building are producer.client's (`prepare_request`, `pack_messages`). Use one client per
-event loop (redis.asyncio connections belong to the loop that opened them). No celery, no torch.
+result keys and submitted markers of every id any coroutine waits on with ONE MGET per poll
+(redis.asyncio), resolves their futures, and sleeps with asyncio in between. The pause starts at
+`poll_min_s`, doubles up to `poll_max_s` while nothing arrives, and drops back when a result
+arrives or a new waiter joins, so a thousand concurrent `answer()` calls cost one MGET per pause,
+not a thousand GETs. Validation and message building are producer.client's (`prepare_request`,
+`pack_messages`), and so are the states and terminal outcomes: submissions are tracked by default;
+an id whose answer expired from the result store makes `result` / `answer` raise
+`vela2.errors.ResultExpired` at once and maps to an error result of type "result_expired" in
+`results_many` / `answers_many`; `status(id)` says "answered" / "pending" / "expired" / "unknown".
+Use one client per event loop (redis.asyncio connections belong to the loop that opened them).
+No celery, no torch.
 """
 
 from __future__ import annotations
@@ -25,22 +30,41 @@ import redis.asyncio as aioredis
 from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
+    State,
+    expired_answer,
+    expired_row,
     pack_messages,
     prepare_many,
     prepare_request,
     queue_commands,
+    result_expired_error,
+    split_state,
+    state_keys,
+    state_of,
 )
 from vela2.schemas import RowResult
-from vela2.wire.keys import queue_name, result_key, submitted_key
+from vela2.wire.keys import queue_name, result_key
 from vela2.wire.messages import Message, deadline_to_expires
-from vela2.wire.results import DEFAULT_SUBMITTED_TTL_S, parse_answer, parse_meta
+from vela2.wire.results import DEFAULT_SUBMITTED_TTL_S, marker_says_answered, parse_answer, parse_meta
 
 POLL_MIN_S = 0.005  # first pause after a poll that found nothing
 POLL_MAX_S = 0.1  # longest pause while waiting (the latency added to a late result)
 
 
+class _Expired:
+    """What the poller resolves a future with when the id's answer came and expired."""
+
+    def __repr__(self) -> str:
+        return "EXPIRED"
+
+
+EXPIRED = _Expired()
+
+
 class _Poller:
-    """Resolves futures of waited-on ids with one MGET per poll, from one background task."""
+    """Resolves futures of waited-on ids with one MGET (result + marker keys) per poll, from one
+    background task: with the raw stored meta, or with EXPIRED when the marker says "answered" but
+    the result is gone."""
 
     def __init__(self, redis: Any, min_s: float, max_s: float):
         self.redis = redis
@@ -52,8 +76,9 @@ class _Poller:
         self._task: asyncio.Task | None = None
 
     async def wait(self, ids: Iterable[str], timeout_s: float | None) -> dict[str, Any]:
-        """id -> raw stored meta, or None for ids with no result when timeout_s runs out. Raises
-        what Redis raised if the poll fails (e.g. redis.ConnectionError)."""
+        """id -> raw stored meta, EXPIRED for an id whose answer expired, or None for ids with no
+        result when timeout_s runs out. Raises what Redis raised if the poll fails (e.g.
+        redis.ConnectionError)."""
         loop = asyncio.get_running_loop()
         futures = {rid: loop.create_future() for rid in dict.fromkeys(ids)}
         for rid, fut in futures.items():
@@ -84,7 +109,7 @@ class _Poller:
             self._wake.clear()
             ids = list(self._waiting)
             try:
-                raws = await self.redis.mget([result_key(rid) for rid in ids])
+                got = split_state(ids, await self.redis.mget(state_keys(ids)))
                 self.polls += 1
             except Exception as e:  # Redis away: every current waiter gets the error, none hangs
                 for rid in ids:
@@ -94,12 +119,13 @@ class _Poller:
                 await asyncio.sleep(pause)
                 continue
             found = False
-            for rid, raw in zip(ids, raws, strict=True):
-                if raw is not None:
+            for rid, (raw, marker) in got.items():
+                value = raw if raw is not None else EXPIRED if marker_says_answered(marker) else None
+                if value is not None:
                     found = True
                     for fut in self._waiting.pop(rid, []):
                         if not fut.done():
-                            fut.set_result(raw)
+                            fut.set_result(value)
             pause = self.min_s if found else min(pause * 2, self.max_s)
             if self._waiting:
                 with contextlib.suppress(TimeoutError):
@@ -127,7 +153,7 @@ class AsyncClient:
         *,
         model: str = DEFAULT_MODEL,
         redis: Any = None,
-        track_submitted: bool = False,
+        track_submitted: bool = True,
         submitted_ttl_s: int = DEFAULT_SUBMITTED_TTL_S,
         poll_min_s: float = POLL_MIN_S,
         poll_max_s: float = POLL_MAX_S,
@@ -180,39 +206,62 @@ class AsyncClient:
             await self._push(messages)
         return [rid for rid, _ in items]
 
+    async def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:
+        """id -> (its state now, its stored answer or None), with ONE MGET (no waiting)."""
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return {}
+        got = split_state(ids, await self.redis.mget(state_keys(ids)))
+        return {rid: (state_of(raw, marker), parse_answer(raw)) for rid, (raw, marker) in got.items()}
+
+    async def lookup(self, request_id: str) -> tuple[State, dict[str, Any] | None]:
+        """(state, stored answer or None) of one id now (one MGET); the HTTP GET route's read."""
+        return (await self.lookup_many([request_id]))[request_id]
+
+    async def status(self, request_id: str) -> State:
+        """The state now: "answered", "pending", "expired" or "unknown" (see producer.client; one MGET)."""
+        return (await self.lookup(request_id))[0]
+
     async def is_submitted(self, request_id: str) -> bool:
-        """True while a tracked submission's marker lives (see `track_submitted`)."""
-        return bool(await self.redis.exists(submitted_key(request_id)))
+        """True while a tracked submission is pending (submitted, not answered yet); False once
+        answered or expired, and for unknown ids. See `status`."""
+        return await self.status(request_id) == "pending"
 
     async def _one(self, request_id: str, timeout_s: float | None, parse: Any) -> Any:
         raw = (await self.poller.wait([request_id], timeout_s))[request_id]
+        if raw is EXPIRED:
+            raise result_expired_error(request_id)
         value = parse(raw)
         if value is None:
             raise TimeoutError(f"no result for {request_id!r} after {timeout_s} s")
         return value
 
     async def result(self, request_id: str, timeout_s: float | None = None) -> RowResult:
-        """Await one RowResult; TimeoutError after timeout_s."""
+        """Await one RowResult; TimeoutError after timeout_s; ResultExpired (at once) when its
+        answer has expired from the result store."""
         return await self._one(request_id, timeout_s, parse_meta)
 
     async def answer(self, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:
-        """Await one product answer (a SystemOne answer, else the RowResult dict); TimeoutError."""
+        """Await one product answer (a SystemOne answer, else the RowResult dict); TimeoutError /
+        ResultExpired as `result`."""
         return await self._one(request_id, timeout_s, parse_answer)
 
     async def results_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, RowResult | None]:
-        """Await many RowResults (shared MGET polls); ids without one after timeout_s map to None."""
+        """Await many RowResults (shared MGET polls); an expired id maps to an error RowResult of
+        type "result_expired", ids without a result after timeout_s to None."""
         raws = await self.poller.wait(list(ids), timeout_s)
-        return {rid: parse_meta(raw) for rid, raw in raws.items()}
+        return {rid: expired_row(rid) if raw is EXPIRED else parse_meta(raw) for rid, raw in raws.items()}
 
     async def answers_many(
         self, ids: Iterable[str], timeout_s: float | None = None
     ) -> dict[str, dict[str, Any] | None]:
-        """As results_many, but the product answers."""
+        """As results_many, but the product answers (an expired id: the error RowResult dict)."""
         raws = await self.poller.wait(list(ids), timeout_s)
-        return {rid: parse_answer(raw) for rid, raw in raws.items()}
+        return {rid: expired_answer(rid) if raw is EXPIRED else parse_answer(raw) for rid, raw in raws.items()}
 
     async def peek_answer(self, request_id: str) -> dict[str, Any] | None:
-        """The stored answer of an id now, or None (one GET, no waiting)."""
+        """The stored answer of an id now, or None (one GET, no waiting; None also when it expired:
+        see `lookup`)."""
         return parse_answer(await self.redis.get(result_key(request_id)))
 
     async def ping(self) -> bool:

@@ -11,15 +11,26 @@
   appended as one whole line by one unbuffered write (fsync at exit), so killing the job at any
   moment and rerunning it ends with every id in OUT exactly once. Requests that were in flight when
   the job died are not lost: their results are read back from Redis (or they are queued again;
-  the worker's write-once store answers a duplicate id once).
+  the worker's write-once store answers a duplicate id once; a row whose earlier answer has
+  expired from Redis meanwhile is queued again too, and counted in `rescored`).
 - Backpressure: at most `window` rows are in flight (queued, being scored, or answered but not yet
   written); a chunk is queued only when it fits. `BackfillSummary.max_in_flight` records the peak.
 - Bulk mode: rows travel `chunk_size` to a message on the model's backfill queue (lower priority
   than the online queue); results are polled with one pipelined MGET over the ids in flight every
   `poll_s` seconds.
 - Nothing is silently missing: a bad line gets an error line at once (never queued); a row with
-  no result after `timeout_s` gets an error line of type "timeout"; a later duplicate of an id
-  within IN is not scored again (the first occurrence wins) and is counted in the summary.
+  no result after `timeout_s` gets an error line of type "timeout"; a row answered during this run
+  whose answer expired from the result store before this run read it (`result_expires` shorter than
+  the wait) gets an error line of type "result_expired" at the next poll (submissions are tracked:
+  see producer.client); a later duplicate of an id within IN is not scored again (the first
+  occurrence wins) and is counted in the summary.
+- Redis outages: every Redis call (the recovery read, the push, the polls) is retried on
+  redis ConnectionError / TimeoutError / BusyLoadingError (a restart, AOF loading) with backoff
+  (0.05 s doubling to 2 s) for up to `redis_timeout_s` (default `timeout_s`) per outage; then the run
+  resumes where it was (rows keep their submission times, so their `timeout_s` still bounds them).
+  Pushes that failed mid-way are sent again whole: duplicates are answered once. An outage longer
+  than that raises `RedisUnavailable`; `vela2 backfill` prints it as one line and exits 3 (what was
+  written stays; rerun to resume).
 - A progress bar (tqdm on stderr: rows/s, ETA over the line count of IN) when stderr is a
   terminal or `progress=True`; one summary line at the end.
 
@@ -41,14 +52,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, pack_messages, prepare_request
+import redis.exceptions
+
+from producer.client import (
+    DEFAULT_MODEL,
+    DEFAULT_REDIS_URL,
+    Client,
+    pack_messages,
+    prepare_request,
+    result_expired_error,
+)
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, Vela2Error
 from vela2.schemas import Status, error_result
 from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
 from vela2.wire.keys import queue_name
 from vela2.wire.messages import build_message, deadline_to_expires, request_id
-from vela2.wire.results import read_answers
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +76,27 @@ DEFAULT_CHUNK_SIZE = 16  # rows per queue message
 DEFAULT_TIMEOUT_S = 3600.0  # per row, from its submission; then an error line of type "timeout"
 DEFAULT_POLL_S = 0.05  # pause between result polls while waiting
 _SIZE_CHECK_SLACK = 1024  # lines longer than max_message_bytes minus this get an exact size check
+REDIS_RETRY_START_S = 0.05  # first pause after a failed Redis call; doubles up to REDIS_RETRY_MAX_S
+REDIS_RETRY_MAX_S = 2.0
+# What a Redis restart looks like to a client (BusyLoadingError, while it loads its AOF, is a
+# ConnectionError subclass; listed for the reader).
+TRANSIENT_REDIS_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+)
+EXIT_REDIS_UNAVAILABLE = 3
 ENV_REDIS_URL = "VELA2_REDIS_URL"  # same variables as the worker's (worker.app.ENV)
 ENV_MODEL = "VELA2_MODEL"
 
 
+class RedisUnavailable(redis.exceptions.ConnectionError):
+    """Redis stayed unreachable for longer than the run's `redis_timeout_s`."""
+
+
 @dataclass
 class BackfillSummary:
-    """What one run did. `error` includes `invalid` (bad lines) and `timeout` rows."""
+    """What one run did. `error` includes `invalid` (bad lines), `timeout` and `result_expired` rows."""
 
     rows: int = 0  # non-blank input lines read
     submitted: int = 0  # rows queued by this run
@@ -73,6 +106,9 @@ class BackfillSummary:
     expired: int = 0
     invalid: int = 0  # lines answered at once with an error (bad JSON, invalid request)
     timeout: int = 0  # rows without a result after timeout_s (written as error type "timeout")
+    result_expired: int = 0  # rows answered whose answer expired from Redis unread (error "result_expired")
+    rescored: int = 0  # rows whose answer from an earlier run had expired from Redis: queued again
+    redis_outages: int = 0  # times Redis became unreachable during the run (each retried until back)
     skipped: int = 0  # ids already in OUT (earlier runs)
     duplicates: int = 0  # later lines repeating an id seen earlier in IN (the first wins)
     blank: int = 0  # empty lines, ignored
@@ -93,9 +129,11 @@ class BackfillSummary:
         dups = f" {self.duplicate_ids[:5]}" if self.duplicate_ids else ""
         return (
             f"backfill: {self.rows:,} rows: ok {self.ok:,}, error {self.error:,} (invalid {self.invalid:,}, "
-            f"timeout {self.timeout:,}), expired {self.expired:,}, skipped {self.skipped:,} (already in OUT), "
+            f"timeout {self.timeout:,}, result_expired {self.result_expired:,}), expired {self.expired:,}, "
+            f"skipped {self.skipped:,} (already in OUT), "
             f"duplicates {self.duplicates:,}{dups}; wrote {self.written:,} lines in {self.elapsed_s:.1f} s "
             f"({self.rows_per_s:,.1f} rows/s); max in flight {self.max_in_flight:,} (window {self.window:,})"
+            + (f"; redis outages {self.redis_outages:,}" if self.redis_outages else "")
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,8 +224,10 @@ def _error_line(obj: Any, rid: str, exc: BaseException) -> dict[str, Any]:
     return error_result(rid, task, exc).to_json_dict()
 
 
-def _timeout_line(rid: str, pending: _Pending, model: str, timeout_s: float) -> dict[str, Any]:
-    err = {"type": "timeout", "message": f"no result within timeout_s={timeout_s:g} s of submission"}
+def _lost_line(rid: str, pending: _Pending, model: str, code: str, message: str) -> dict[str, Any]:
+    """The error line of a row in flight that will get no answer (timeout, result_expired), in the
+    shape of its request: a SystemOne error answer, else an error RowResult."""
+    err = {"type": code, "message": message}
     if pending.system_one:
         return {"version": SYSTEM_ONE_VERSION, "model": model, "id": rid, "status": Status.error.value, "error": err}
     out: dict[str, Any] = {"id": rid, "task": pending.task, "status": Status.error.value, "error": err}
@@ -208,6 +248,7 @@ class _Backfill:
         deadline_s: float | None,
         poll_s: float,
         bar: Any,
+        redis_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.client = client
@@ -217,6 +258,7 @@ class _Backfill:
         self.timeout_s = timeout_s
         self.deadline_s = deadline_s
         self.poll_s = poll_s
+        self.redis_timeout_s = timeout_s if redis_timeout_s is None else redis_timeout_s
         self.bar = bar
         self.clock = clock
         self.queue = queue_name(client.model, backfill=True)
@@ -224,6 +266,41 @@ class _Backfill:
         self.buffer: list[tuple[str, Any, _Pending]] = []
         self.summary = BackfillSummary(window=window)
         self._last_poll = 0.0
+
+    # --- redis ---------------------------------------------------------------------------------
+
+    def _redis(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args), retried with backoff through a Redis outage of up to redis_timeout_s; raises
+        RedisUnavailable after that. `what` names the call in the messages."""
+        started = self.clock()
+        pause = REDIS_RETRY_START_S
+        failures = 0
+        while True:
+            try:
+                out = fn(*args)
+            except TRANSIENT_REDIS_ERRORS as e:
+                failures += 1
+                now = self.clock()
+                if failures == 1:
+                    self.summary.redis_outages += 1
+                    log.info("redis unreachable while %s (%s); retrying for up to %g s", what, e, self.redis_timeout_s)
+                    self.bar.set_postfix(redis="reconnecting", refresh=True)
+                left = started + self.redis_timeout_s - now
+                if left <= 0:
+                    msg = " ".join(str(e).split()) or type(e).__name__
+                    raise RedisUnavailable(
+                        f"redis unreachable for {now - started:.1f} s (redis_timeout_s={self.redis_timeout_s:g}) "
+                        f"while {what}: {msg}"
+                    ) from e
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, REDIS_RETRY_MAX_S)
+                continue
+            if failures:
+                log.info(
+                    "redis is back after %.1f s (%d failed calls while %s)", self.clock() - started, failures, what
+                )
+                self.bar.set_postfix(in_flight=len(self.pending), refresh=True)
+            return out
 
     # --- output -------------------------------------------------------------------------------
 
@@ -297,14 +374,17 @@ class _Backfill:
             return
         batch, self.buffer = self.buffer, []
         # Results already in Redis (rows in flight when an earlier run was killed) are written now.
-        stored = read_answers(self.client.redis, [rid for rid, _, _ in batch])
+        # A row whose earlier answer has expired from Redis since is queued again: no answer of it
+        # was ever written to OUT, and scoring it anew is what a rerun is for.
+        stored = self._redis("reading stored results", self.client.lookup_many, [rid for rid, _, _ in batch])
         todo = []
         for rid, obj, pend in batch:
-            answer = stored[rid]
+            state, answer = stored[rid]
             if answer is not None:
                 self.summary.recovered += 1
                 self._write({**answer, "id": rid})
             else:
+                self.summary.rescored += state == "expired"
                 todo.append((rid, obj, pend))
         if not todo:
             return
@@ -317,7 +397,7 @@ class _Backfill:
             chunk_size=self.chunk_size,
             expires=deadline_to_expires(self.deadline_s),
         )
-        self.client._push(messages)
+        self._redis("queueing", self.client._push, messages)
         now = self.clock()
         for rid, _, pend in todo:
             pend.submitted_at = now
@@ -329,22 +409,28 @@ class _Backfill:
     # --- results ------------------------------------------------------------------------------
 
     def poll(self) -> int:
-        """One MGET over the ids in flight: write what arrived, time out the overdue; returns the
-        number of rows that left the window."""
+        """One MGET over the ids in flight (results + markers): write what arrived, an error line
+        for what expired unread, time out the overdue; returns the number of rows that left the
+        window."""
         self._last_poll = self.clock()
         if not self.pending:
             return 0
         ids = list(self.pending)
-        got = read_answers(self.client.redis, ids)
+        got = self._redis("polling results", self.client.lookup_many, ids)
         freed = 0
         now = self.clock()
+        model = self.client.model
         for rid in ids:
-            answer = got[rid]
+            state, answer = got[rid]
             if answer is not None:
                 self._write({**answer, "id": rid})
+            elif state == "expired":
+                self.summary.result_expired += 1
+                self._write(_lost_line(rid, self.pending[rid], model, "result_expired", str(result_expired_error(rid))))
             elif now - self.pending[rid].submitted_at > self.timeout_s:
                 self.summary.timeout += 1
-                self._write(_timeout_line(rid, self.pending[rid], self.client.model, self.timeout_s))
+                message = f"no result within timeout_s={self.timeout_s:g} s of submission"
+                self._write(_lost_line(rid, self.pending[rid], model, "timeout", message))
             else:
                 continue
             del self.pending[rid]
@@ -386,13 +472,15 @@ def run_backfill(
     progress: bool | None = None,
     poll_s: float = DEFAULT_POLL_S,
     redis: Any = None,
+    redis_timeout_s: float | None = None,
 ) -> BackfillSummary:
     """Score every request of IN through the queue into OUT (see the module docstring).
 
     `window`: most rows in flight; `chunk_size`: rows per message; `timeout_s`: per row, then an
     error line of type "timeout"; `deadline_s`: Celery `expires` per message (the worker answers
     `expired` after it); `progress`: None = a bar when stderr is a terminal. `redis` replaces the
-    connection made from `redis_url` (tests). Returns the summary (also logged).
+    connection made from `redis_url` (tests). `redis_timeout_s`: the longest Redis outage the run
+    rides out (default `timeout_s`), then RedisUnavailable. Returns the summary (also logged).
     """
     if window < 1:
         raise InvalidRequest(f"window must be at least 1; got {window}")
@@ -406,7 +494,7 @@ def run_backfill(
     writer = LineWriter(out_path)
     job = _Backfill(
         client, writer, window=window, chunk_size=chunk_size, timeout_s=timeout_s, deadline_s=deadline_s,
-        poll_s=poll_s, bar=bar,
+        poll_s=poll_s, bar=bar, redis_timeout_s=redis_timeout_s,
     )  # fmt: skip
     job.summary.torn_bytes = torn
     seen: set[str] = set()
@@ -437,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per row; then an error line")
     ap.add_argument("--deadline-s", type=float, default=None, help="the worker answers 'expired' after this")
     ap.add_argument("--poll-s", type=float, default=DEFAULT_POLL_S, help="pause between result polls")
+    ap.add_argument(
+        "--redis-timeout-s", type=float, default=None, help="longest Redis outage ridden out (default --timeout-s)"
+    )
     bar = ap.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the bar")
     bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show the bar")
@@ -448,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     """bulk submit IN.jsonl -> OUT.jsonl: windowed, resumable (prints the summary line)
 
     Exit code 0 when every input id has its line in OUT (error lines included), 2 for bad
-    arguments, 130 when interrupted (rerun to resume)."""
+    arguments, 3 when Redis stayed unreachable past --redis-timeout-s (or refused a write), 130
+    when interrupted (rerun to resume in both cases)."""
     args = build_parser().parse_args(argv)
     if not Path(args.input).is_file():
         print(f"vela2 backfill: {args.input}: no such file", file=sys.stderr)
@@ -465,10 +557,15 @@ def main(argv: list[str] | None = None) -> int:
             deadline_s=args.deadline_s,
             progress=args.progress,
             poll_s=args.poll_s,
+            redis_timeout_s=args.redis_timeout_s,
         )
     except InvalidRequest as e:
         print(f"vela2 backfill: {e}", file=sys.stderr)
         return 2
+    except redis.exceptions.RedisError as e:  # an outage past redis_timeout_s, or a refused write (OOM)
+        msg = " ".join(str(e).split()) or type(e).__name__
+        print(f"vela2 backfill: {msg}; rerun the same command to resume", file=sys.stderr)
+        return EXIT_REDIS_UNAVAILABLE
     except KeyboardInterrupt:
         print("vela2 backfill: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

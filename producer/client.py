@@ -13,9 +13,20 @@ LimitExceeded (a message over `LIMITS.max_message_bytes` included) or ModelMisma
 request naming another model). `deadline_s` sets Celery's `expires` header: after it the worker
 answers `expired` instead of scoring.
 
-Reads are pipelined: `results_many` / `answers_many` fetch any number of ids with one MGET per
-poll. `track_submitted=True` also sets a short-lived `vela2:submitted:<id>` marker in the same
-round trip as the push, so `is_submitted` tells "pending" from "unknown" (the HTTP route uses it).
+Submissions are tracked (`track_submitted=True`, the default): the push also sets the
+`vela2:submitted:<id>` marker in the same round trip, and the worker turns it into "answered" when
+it stores the result. So every read tells four states apart (`status(id)`):
+
+- "answered": the result is stored;
+- "pending": submitted, no result yet;
+- "expired": answered, but the result has since expired from the result store (`result_expires`);
+  `result` / `answer` raise `vela2.errors.ResultExpired` at once (never an endless wait), and
+  `results_many` / `answers_many` map the id to an error result of type "result_expired";
+- "unknown": never submitted by a tracking client (or so long ago that its marker is gone too);
+  waits wait, as for any id a worker may still answer.
+
+Reads are pipelined: each poll is ONE MGET over the result keys and the marker keys of the ids
+still missing (MGET is atomic, so the worker's result-and-marker write is never seen half done).
 No celery, no torch.
 """
 
@@ -24,22 +35,70 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import redis as redis_lib
 from pydantic import BaseModel
 
 from vela2.config import LIMITS
-from vela2.errors import LimitExceeded, ModelMismatch, Vela2Error
-from vela2.schemas import RowResult, parse_row
+from vela2.errors import LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
+from vela2.schemas import RowResult, error_result, parse_row
 from vela2.wire.keys import queue_name, result_key, submitted_key
 from vela2.wire.messages import Message, build_message, deadline_to_expires, with_id
-from vela2.wire.results import DEFAULT_SUBMITTED_TTL_S, parse_answer, parse_meta, read_answers, read_results
+from vela2.wire.results import (
+    DEFAULT_SUBMITTED_TTL_S,
+    MARK_SUBMITTED_SCRIPT,
+    marker_says_answered,
+    parse_answer,
+    parse_meta,
+)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL = "vela2-demo"
 _POLL_START_S = 0.005  # first poll interval of results_many; doubles up to _POLL_MAX_S
 _POLL_MAX_S = 0.2
+
+
+State = Literal["answered", "pending", "expired", "unknown"]
+RESULT_EXPIRED = ResultExpired.code  # the error.type of an expired id in results_many / answers_many
+
+
+def state_keys(ids: list[str]) -> list[str]:
+    """The keys one MGET reads for `ids`: every result key, then every submitted marker key."""
+    return [result_key(rid) for rid in ids] + [submitted_key(rid) for rid in ids]
+
+
+def split_state(ids: list[str], values: list[Any]) -> dict[str, tuple[Any, Any]]:
+    """The reply of MGET(state_keys(ids)) as id -> (raw result, raw marker)."""
+    n = len(ids)
+    return {rid: (values[i], values[n + i]) for i, rid in enumerate(ids)}
+
+
+def state_of(raw_result: Any, raw_marker: Any) -> State:
+    """What a result key and a marker key say about a request (see the module docstring)."""
+    if raw_result is not None:
+        return "answered"
+    if marker_says_answered(raw_marker):
+        return "expired"
+    return "pending" if raw_marker is not None else "unknown"
+
+
+def result_expired_error(request_id: str) -> ResultExpired:
+    """The error of an id whose answer expired from the result store before it was read."""
+    return ResultExpired(
+        f"the answer to {request_id!r} expired from the result store (result_expires) before it was read; "
+        "submit the request again to score it anew"
+    )
+
+
+def expired_row(request_id: str) -> RowResult:
+    """The stand-in results_many returns for an expired id: status "error", type "result_expired"."""
+    return error_result(request_id, None, result_expired_error(request_id))
+
+
+def expired_answer(request_id: str) -> dict[str, Any]:
+    """The stand-in answers_many returns for an expired id (the RowResult dict of `expired_row`)."""
+    return expired_row(request_id).to_json_dict()
 
 
 def _as_json(request: Any) -> Any:
@@ -126,7 +185,7 @@ def queue_commands(pipe: Any, messages: list[Message], submitted_ttl_s: int | No
     for m in messages:
         if submitted_ttl_s is not None:
             for rid in m.request_ids:
-                pipe.set(submitted_key(rid), m.queue, ex=submitted_ttl_s)
+                pipe.eval(MARK_SUBMITTED_SCRIPT, 2, submitted_key(rid), result_key(rid), m.queue, submitted_ttl_s)
         pipe.lpush(m.queue, m.payload)
 
 
@@ -139,12 +198,14 @@ class Client:
         *,
         model: str = DEFAULT_MODEL,
         redis: Any = None,
-        track_submitted: bool = False,
+        track_submitted: bool = True,
         submitted_ttl_s: int = DEFAULT_SUBMITTED_TTL_S,
     ):
         self.redis = redis if redis is not None else redis_lib.Redis.from_url(redis_url)
         self.model = model
-        self.track_submitted = track_submitted  # also write vela2:submitted:<id> markers at submit time
+        # Write vela2:submitted:<id> markers at submit time (with the push): without them an expired
+        # answer cannot be told from one not written yet, and waits on it last their whole timeout.
+        self.track_submitted = track_submitted
         self.submitted_ttl_s = submitted_ttl_s
 
     def __enter__(self) -> Client:
@@ -196,17 +257,42 @@ class Client:
             self._push(messages)
         return [rid for rid, _ in items]
 
+    def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:
+        """id -> (its state now, its stored answer or None), with ONE MGET (no waiting)."""
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return {}
+        got = split_state(ids, self.redis.mget(state_keys(ids)))
+        return {rid: (state_of(raw, marker), parse_answer(raw)) for rid, (raw, marker) in got.items()}
+
+    def lookup(self, request_id: str) -> tuple[State, dict[str, Any] | None]:
+        """(state, stored answer or None) of one id now (one MGET)."""
+        return self.lookup_many([request_id])[request_id]
+
+    def status(self, request_id: str) -> State:
+        """The state now: "answered", "pending", "expired" or "unknown" (module docstring; one MGET)."""
+        return self.lookup(request_id)[0]
+
     def is_submitted(self, request_id: str) -> bool:
-        """True while a tracked submission's marker lives (see `track_submitted`)."""
-        return bool(self.redis.exists(submitted_key(request_id)))
+        """True while a tracked submission is pending: submitted, not answered yet. False once it is
+        answered (or its answer expired), and for unknown ids. See `status`."""
+        return self.status(request_id) == "pending"
+
+    def _read_one(self, request_id: str, parse: Any) -> Any:
+        """The parsed result now, or None; raises ResultExpired when the answer came and went."""
+        raw, marker = self.redis.mget(state_keys([request_id]))
+        if raw is None and marker_says_answered(marker):
+            raise result_expired_error(request_id)
+        return parse(raw)
 
     def _wait_one(self, request_id: str, timeout_s: float | None, parse: Any) -> Any:
-        """Wait on the result key's pub/sub channel (no polling); TimeoutError after timeout_s."""
+        """Wait on the result key's pub/sub channel (no polling); TimeoutError after timeout_s,
+        ResultExpired as soon as the marker says the answer came and expired."""
         key = result_key(request_id)
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(key)  # subscribe first, then read: a result written in between is not missed
-            found = parse(self.redis.get(key))
+            found = self._read_one(request_id, parse)
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while found is None:
                 left = 1.0 if deadline is None else deadline - time.monotonic()
@@ -216,38 +302,48 @@ class Client:
                 if msg is not None and msg.get("type") == "message":
                     found = parse(msg["data"])
                 elif msg is None:
-                    found = parse(self.redis.get(key))  # a reconnect may drop a publish
+                    found = self._read_one(request_id, parse)  # a reconnect may drop a publish
             return found
         finally:
             pubsub.close()
 
     def result(self, request_id: str, timeout_s: float | None = None) -> RowResult:
-        """Wait for one RowResult (pub/sub on its key, so no polling); TimeoutError after timeout_s."""
+        """Wait for one RowResult (pub/sub on its key, so no polling); TimeoutError after timeout_s;
+        ResultExpired when its answer has expired from the result store (at once, whatever timeout_s)."""
         return self._wait_one(request_id, timeout_s, parse_meta)
 
     def answer(self, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:
-        """Wait for one product answer: a SystemOne request's answer, else the RowResult dict."""
+        """Wait for one product answer: a SystemOne request's answer, else the RowResult dict.
+        TimeoutError / ResultExpired as `result`."""
         return self._wait_one(request_id, timeout_s, parse_answer)
 
     def results_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, RowResult | None]:
-        """Wait for many results, one MGET per poll over the ids still missing; ids without a result
-        when timeout_s runs out map to None."""
-        return self._wait_many(list(ids), timeout_s, read_results)
+        """Wait for many results, one MGET (result + marker keys) per poll over the ids still
+        missing. An id whose answer expired maps to an error RowResult of type "result_expired"
+        (never None: it will not come); ids without a result when timeout_s runs out map to None."""
+        return self._wait_many(list(ids), timeout_s, parse_meta, expired_row)
 
     def answers_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, dict[str, Any] | None]:
         """As results_many, but the product answers: a SystemOne request's answer, else the
-        RowResult dict."""
-        return self._wait_many(list(ids), timeout_s, read_answers)
+        RowResult dict (an expired id: the error RowResult dict of type "result_expired")."""
+        return self._wait_many(list(ids), timeout_s, parse_answer, expired_answer)
 
-    def _wait_many(self, ids: list[str], timeout_s: float | None, reader: Any) -> dict[str, Any]:
+    def _wait_many(self, ids: list[str], timeout_s: float | None, parse: Any, expired: Any) -> dict[str, Any]:
         out: dict[str, Any] = dict.fromkeys(ids)
         missing = list(dict.fromkeys(ids))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pause = _POLL_START_S
         while missing:
-            got = reader(self.redis, missing)
-            out.update({k: v for k, v in got.items() if v is not None})
-            missing = [k for k in missing if got[k] is None]
+            still = []
+            for rid, (raw, marker) in split_state(missing, self.redis.mget(state_keys(missing))).items():
+                value = parse(raw)
+                if value is None and raw is None and marker_says_answered(marker):
+                    value = expired(rid)
+                if value is None:
+                    still.append(rid)
+                else:
+                    out[rid] = value
+            missing = still
             if not missing or (deadline is not None and time.monotonic() >= deadline):
                 break
             time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
@@ -266,8 +362,14 @@ class Client:
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_REDIS_URL",
+    "RESULT_EXPIRED",
     "Client",
+    "State",
+    "expired_answer",
+    "expired_row",
     "pack_messages",
     "prepare_many",
     "prepare_request",
+    "result_expired_error",
+    "state_of",
 ]

@@ -9,9 +9,13 @@ Routes (OpenAPI at /openapi.json, docs at /docs):
   here, queued on the model's online queue, and awaited up to ``wait_s`` (default the app's
   ``timeout_s``, at most ``max_wait_s``; 0 = do not wait). The request id is an idempotency key: an
   id that already has an answer gets it back without being queued again.
-- ``GET /v1/results/{id}``: the stored answer; 202 while a request submitted here is pending;
-  404 when the id is unknown (never submitted through this route, or its result expired). A
-  submission is recorded by a ``vela2:submitted:<id>`` marker living as long as a result does.
+- ``GET /v1/results/{id}``: the stored answer (200, or the answer's own code below); 202 while a
+  request submitted by a tracking producer (this route, ``Client`` / ``AsyncClient``) is pending;
+  410 Gone when it was answered but the answer has since expired from the result store
+  (``result_expires``: POST it again to score it anew); 404 when the id is unknown. A submission
+  is recorded by a ``vela2:submitted:<id>`` marker that the worker turns into "answered" when it
+  stores the result and that outlives the result, so an expired answer is never "pending" and
+  never an endless wait. One MGET per GET.
 - ``GET /healthz``: 200 with the queue depths when Redis answers, else 503.
 
 Status codes (the body is always JSON; for a SystemOne request the answer, or an error answer
@@ -22,7 +26,10 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
 202   not answered within ``wait_s``: ``{"id", "status": "pending", "result_url"}`` (+ Location)
 400   body is not JSON (``invalid_request``), or the request names another model
       (``model_mismatch``: this route serves one model, named at start)
-404   GET of an unknown id
+404   GET of an unknown id (never submitted by a tracking producer, or so long ago that even its
+      marker is gone)
+410   GET of an id whose answer expired from the result store: the error answer with
+      ``error.type`` ``result_expired`` and the id (POST: only when it expired within ``wait_s``)
 413   body over ``LIMITS.max_message_bytes`` (``limit_exceeded``)
 422   invalid request (``invalid_request`` / ``limit_exceeded``, with the field, limit and value),
       refused here or by the worker; bad query parameters
@@ -53,10 +60,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from producer.aio import AsyncClient
-from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
+from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, result_expired_error
 from vela2 import __version__
 from vela2.config import LIMITS
-from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, Vela2Error
+from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
 from vela2.schemas import ErrorInfo, Status
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, SystemOneRequest, error_answer, parse_request
 from vela2.wire.keys import queue_name
@@ -177,6 +184,10 @@ def create_app(
             Pending(id=rid, result_url=url).model_dump(mode="json"), status_code=202, headers={"Location": url}
         )
 
+    def gone(rid: str, exc: ResultExpired) -> JSONResponse:
+        info = ErrorInfo(type=exc.code, message=str(exc))
+        return JSONResponse(ErrorAnswer(model=model, id=rid, error=info).model_dump(mode="json"), status_code=410)
+
     @app.exception_handler(redis.exceptions.RedisError)
     async def _redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONResponse:
         log.warning("redis error: %s", exc)
@@ -191,7 +202,15 @@ def create_app(
     @app.post(
         "/v1/system_one",
         summary="Score a SystemOne request",
-        responses={**_ANSWER_RESPONSES, 202: {"model": Pending, "description": "queued; not answered in wait_s"}},
+        responses={
+            **_ANSWER_RESPONSES,
+            202: {"model": Pending, "description": "queued; not answered in wait_s"},
+            410: {
+                "model": ErrorAnswer,
+                "description": "answered, and expired from the result store within wait_s (result_expired; "
+                "only when result_expires is shorter than the wait)",
+            },
+        },
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -237,6 +256,8 @@ def create_app(
                 answer = await client().answer(rid, timeout_s=wait)
             except TimeoutError:
                 return pending(request, rid)
+            except ResultExpired as e:  # answered and expired within the wait: result_expires is tiny
+                return gone(rid, e)
         return JSONResponse(answer, status_code=status_code(answer))
 
     @app.get(
@@ -245,18 +266,25 @@ def create_app(
         summary="The answer of a submitted request",
         responses={
             **{k: v for k, v in _ANSWER_RESPONSES.items() if k not in (400, 413)},
-            202: {"model": Pending, "description": "submitted here, not answered yet"},
-            404: {"model": NotFound, "description": "unknown id (never submitted here, or its result expired)"},
+            202: {"model": Pending, "description": "submitted, not answered yet"},
+            404: {"model": NotFound, "description": "unknown id (never submitted by a tracking producer)"},
+            410: {
+                "model": ErrorAnswer,
+                "description": "answered, but the answer expired from the result store (error.type "
+                "result_expired); POST the request again to score it anew",
+            },
         },
     )
     async def get_result(request: Request, request_id: str) -> JSONResponse:
-        answer = await client().peek_answer(request_id)
+        state, answer = await client().lookup(request_id)  # one MGET: result and marker together
         if answer is not None:
             return JSONResponse(answer, status_code=status_code(answer))
-        if await client().is_submitted(request_id):
+        if state == "expired":
+            return gone(request_id, result_expired_error(request_id))
+        if state == "pending":
             return pending(request, request_id)
         return JSONResponse(
-            {"detail": f"no request {request_id!r} is known: never submitted here, or its result expired"},
+            {"detail": f"no request {request_id!r} is known: never submitted by a tracking producer"},
             status_code=404,
         )
 

@@ -3,8 +3,10 @@ checkpoint, and a real `vela2 http` server process.
 
 The fake worker BRPOPs the model's queues, decodes messages with the real decoder
 (vela2.wire.messages.decode_delivery) and writes results with the real result writer
-(vela2.wire.results.ResultStore, write-once + PUBLISH), so clients and backfill see exactly what a
-worker would leave in Redis, thousands of rows a second.
+(vela2.wire.results.ResultStore, write-once + PUBLISH, submitted marker -> "answered"), so clients
+and backfill see exactly what a worker would leave in Redis, thousands of rows a second. Like the
+real worker it rides out a Redis restart: a failed BRPOP is retried, and the results of a message
+it holds are written once Redis is back (nothing it popped is lost).
 """
 
 from __future__ import annotations
@@ -47,9 +49,9 @@ def fake_answer(obj: dict[str, Any], rid: str) -> tuple[RowResult, dict[str, Any
 class FakeWorker:
     """A thread that answers every message on the model's queues (online first)."""
 
-    def __init__(self, redis_url: str, model: str = MODEL, *, delay_s: float = 0.0):
+    def __init__(self, redis_url: str, model: str = MODEL, *, delay_s: float = 0.0, result_ttl_s: int | None = None):
         self.redis = redis_lib.Redis.from_url(redis_url)
-        self.store = ResultStore(self.redis)
+        self.store = ResultStore(self.redis) if result_ttl_s is None else ResultStore(self.redis, ttl_s=result_ttl_s)
         self.queues = keys.queues(model)
         self.delay_s = delay_s  # per message, before its results are written
         self.go = threading.Event()  # cleared: the worker takes nothing (the queue fills up)
@@ -58,6 +60,7 @@ class FakeWorker:
         self.rows = 0
         self.messages = 0
         self.max_chunk = 0
+        self.redis_errors = 0  # Redis calls that failed (a restart) and were retried
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-worker", daemon=True)
         self._thread.start()
@@ -66,7 +69,12 @@ class FakeWorker:
         while not self._stop.is_set():
             if not self.go.wait(0.05):
                 continue
-            item = self.redis.brpop(self.queues, timeout=0.05)
+            try:
+                item = self.redis.brpop(self.queues, timeout=0.05)
+            except redis_lib.exceptions.ConnectionError:  # Redis restarting (BusyLoadingError included)
+                self.redis_errors += 1
+                self._stop.wait(0.05)
+                continue
             if item is None:
                 continue
             env = decode_envelope(item[1])
@@ -84,7 +92,13 @@ class FakeWorker:
                 else:
                     res, answer = fake_answer(obj, rid)
                 writes.append((rid, row_meta(rid, res, answer)))
-            self.store.store(writes)
+            while not self._stop.is_set():
+                try:
+                    self.store.store(writes)
+                    break
+                except redis_lib.exceptions.ConnectionError:
+                    self.redis_errors += 1
+                    self._stop.wait(0.05)
             self.rows += len(writes)
             self.messages += 1
             self.held = 0
@@ -97,11 +111,12 @@ class FakeWorker:
 
 @pytest.fixture
 def fake_worker(redis_url: str) -> Iterator[Callable[..., FakeWorker]]:
-    """fake_worker(**kw) -> a running FakeWorker on the test's Redis (stopped after the test)."""
+    """fake_worker(**kw) -> a running FakeWorker on the test's Redis, or on `url=` (stopped after
+    the test)."""
     started: list[FakeWorker] = []
 
-    def start(**kw: Any) -> FakeWorker:
-        w = FakeWorker(redis_url, **kw)
+    def start(url: str | None = None, **kw: Any) -> FakeWorker:
+        w = FakeWorker(url or redis_url, **kw)
         started.append(w)
         return w
 

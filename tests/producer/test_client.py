@@ -14,6 +14,7 @@ import pytest
 from producer.client import Client
 from vela2.errors import ModelMismatch
 from vela2.schemas import RowResult, Status, content_id
+from vela2.wire.keys import result_key, submitted_key
 from vela2.wire.messages import decode_body
 from vela2.wire.results import ResultStore, row_meta
 
@@ -23,15 +24,18 @@ ROW = {"task": "choice:boolq", "text": "The sky is green.", "questions": [{"opti
 
 class CountingRedis(fakeredis.FakeRedis):
     commands: list[str] = []
+    calls: list[tuple] = []  # whole commands, arguments included
 
     def execute_command(self, *args, **kwargs):
         CountingRedis.commands.append(str(args[0]).upper())
+        CountingRedis.calls.append(args)
         return super().execute_command(*args, **kwargs)
 
 
 @pytest.fixture
 def redis():
     CountingRedis.commands = []
+    CountingRedis.calls = []
     r = CountingRedis()
     yield r
     r.flushall()
@@ -73,7 +77,8 @@ def test_submit_many_keeps_input_order_and_chunks_per_queue(client, redis):
     assert ids == [f"r-{i}" for i in range(5)] + [content_id(ROW)]
     msgs = _queued(redis, "vela2.vela2-demo.backfill")
     assert len(msgs) == 3 and all(m["headers"]["id"].startswith("chunk-") for m in msgs)
-    assert [i for m in msgs for i in m["headers"]["vela2_ids"]] == ids
+    bodies = [decode_body(base64.b64decode(m["body"])) for m in msgs]
+    assert all(b.chunk for b in bodies) and [r["id"] for b in bodies for r in b.requests] == ids
 
 
 def test_results_many_reads_all_ids_with_one_mget_per_poll(client, redis):
@@ -81,9 +86,12 @@ def test_results_many_reads_all_ids_with_one_mget_per_poll(client, redis):
     ids = [f"r-{i}" for i in range(40)]
     store.store([(i, _ok(i)) for i in ids])
     CountingRedis.commands = []
+    CountingRedis.calls = []
     got = client.results_many(ids, timeout_s=1)
     assert all(v is not None and v.id == k for k, v in got.items())
     assert CountingRedis.commands == ["MGET"]
+    # the one MGET reads every result key and every submitted marker (expired vs not yet)
+    assert list(CountingRedis.calls[0][1:]) == [result_key(i) for i in ids] + [submitted_key(i) for i in ids]
 
 
 def test_results_many_returns_none_for_ids_without_a_result(client, redis):

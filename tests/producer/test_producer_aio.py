@@ -1,5 +1,6 @@
 """producer.AsyncClient against a real redis-server and a fake worker thread: many concurrent tasks,
-shared pipelined polls, an event loop that keeps running while they wait, timeouts, Redis down."""
+shared pipelined polls, an event loop that keeps running while they wait, timeouts, expired answers
+(terminal, never an endless wait), Redis down."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 import redis.exceptions
 
 from producer.aio import AsyncClient
-from vela2.errors import InvalidRequest, ModelMismatch
+from vela2.errors import InvalidRequest, ModelMismatch, ResultExpired
+from vela2.schemas import RowResult, Status
+from vela2.wire.keys import result_key
+from vela2.wire.results import ResultStore, row_meta
 
 pytestmark = pytest.mark.integration
 
@@ -120,3 +124,48 @@ def test_redis_down_raises_instead_of_hanging():
                 await client.answer("x", timeout_s=3600)  # raises at once instead of waiting an hour
 
     asyncio.run(main())
+
+
+def test_an_expired_answer_raises_at_once_and_is_an_error_result_in_many(redis_url, redis_server):
+    r = redis_server.client()
+    short = ResultStore(r, ttl_s=1)  # result_expires of 1 s
+
+    async def main() -> None:
+        async with AsyncClient(redis_url, model=MODEL) as client:  # tracks submissions by default
+            ids = await client.submit_many([row(1), row(2)])
+            assert [await client.status(i) for i in ids] == ["pending", "pending"]
+            short.store([("a-1", row_meta("a-1", RowResult(id="a-1", task="choice:boolq", status=Status.ok)))])
+            assert (await client.answer("a-1", timeout_s=5))["status"] == "ok"  # while it lives
+            deadline = time.monotonic() + 15
+            while r.exists(result_key("a-1")):  # the TTL runs out
+                assert time.monotonic() < deadline, "the result did not expire"
+                await asyncio.sleep(0.02)
+            assert await client.status("a-1") == "expired" and not await client.is_submitted("a-1")
+            assert await client.is_submitted("a-2") and await client.status("never") == "unknown"
+
+            with pytest.raises(ResultExpired, match=r"'a-1' expired from the result store"):
+                await asyncio.wait_for(client.answer("a-1", timeout_s=None), 10)  # not an endless wait
+            with pytest.raises(ResultExpired):
+                await asyncio.wait_for(client.result("a-1", timeout_s=3600), 10)  # at once, not in an hour
+
+            # A waiter on a pending id and one on the expired id share polls; each gets its own outcome.
+            polls = client.poller.polls
+            waiting = asyncio.create_task(client.results_many(ids, timeout_s=None))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()  # a-2 is still pending: keeps waiting
+            short.store([("a-2", row_meta("a-2", RowResult(id="a-2", task="choice:boolq", status=Status.ok)))])
+            got = await asyncio.wait_for(waiting, 10)
+            gone, done = got["a-1"], got["a-2"]
+            assert gone is not None and gone.status == "error" and gone.error is not None
+            assert gone.error.type == "result_expired"
+            assert done is not None and done.status == "ok"
+            assert client.poller.polls - polls < 40  # one MGET per pause, not one per id and poll
+            answers = await client.answers_many(["a-1", "missing"], timeout_s=0.1)
+            expired = answers["a-1"]
+            assert expired is not None and expired["error"]["type"] == "result_expired" and expired["id"] == "a-1"
+            assert answers["missing"] is None  # unknown: not yet, as ever
+
+    try:
+        asyncio.run(main())
+    finally:
+        r.close()

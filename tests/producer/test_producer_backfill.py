@@ -1,11 +1,12 @@
 """producer.backfill: OUT scanning and whole-line writes, bad lines and duplicates, timeouts and
-deadlines, the in-flight window checked against Redis (10^4 rows), and resume after SIGKILL of a
-real `python -m producer.backfill` process against a real worker."""
+deadlines, answers that expired before the backfill read them, the in-flight window checked against
+Redis (10^4 rows), a Redis restart mid-run (and a Redis that never comes back), and resume after
+SIGKILL of a real `python -m producer.backfill` process against a real worker."""
 
 from __future__ import annotations
 
-import base64
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from producer.backfill import LineWriter, count_lines, run_backfill, scan_out
+from producer.backfill import EXIT_REDIS_UNAVAILABLE, LineWriter, count_lines, run_backfill, scan_out
 from vela2.schemas import content_id
-from vela2.wire.keys import backfill_queue
+from vela2.wire.keys import backfill_queue, result_key, submitted_key
+from vela2.wire.messages import decode_body, decode_envelope
 
 pytestmark = pytest.mark.integration
 
@@ -132,13 +134,147 @@ def test_rows_without_a_result_become_timeout_errors_and_expired_rows_are_report
     assert {r["status"] for r in read_out(out2)} == {"expired"}
 
 
+class _HeldReads:
+    """A redis client for the backfill whose MGETs after the first `free` ones wait until `go` is set
+    (the test decides when the backfill reads results); everything else goes straight through."""
+
+    def __init__(self, real, free: int):
+        self.real = real
+        self.free = free
+        self.mgets = 0
+        self.go = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def mget(self, *args, **kw):
+        self.mgets += 1
+        if self.mgets > self.free:
+            assert self.go.wait(60), "the test never released the reads"
+        return self.real.mget(*args, **kw)
+
+
+def _wait(cond, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_an_answer_that_expired_before_the_backfill_read_it_is_a_result_expired_line(
+    tmp_path, redis_url, redis_server, fake_worker
+):
+    worker = fake_worker(result_ttl_s=1)  # result_expires of 1 s
+    s1 = {"model": MODEL, "id": "s1-gone", "input": "hello", "tasks": [{"name": "t", "kind": "set", "options": ["a"]}]}
+    lines = [row(0), row(1), s1]
+    inp = write_jsonl(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    r = redis_server.client()
+    held = _HeldReads(r, free=1)  # the recovery read before the push passes; the polls wait
+    ids = ["row-0", "row-1", "s1-gone"]
+    result: dict = {}
+    job = threading.Thread(
+        target=lambda: result.update(
+            s=run_backfill(inp, out, model=MODEL, window=3, chunk_size=3, poll_s=0.01, timeout_s=60, redis=held)
+        )
+    )
+    job.start()
+    try:
+        _wait(lambda: worker.rows == 3, "the worker to answer")
+        _wait(lambda: not any(r.exists(result_key(i)) for i in ids), "the results to expire")
+        assert {r.get(submitted_key(i)) for i in ids} == {b"answered"}
+        held.go.set()
+        job.join(60)
+    finally:
+        held.go.set()
+        job.join(60)
+    s = result["s"]
+    got = {line["id"]: line for line in read_out(out)}
+    assert set(got) == set(ids)
+    for rid in ids:
+        assert got[rid]["status"] == "error" and got[rid]["error"]["type"] == "result_expired"
+        assert f"{rid!r} expired from the result store" in got[rid]["error"]["message"]
+    assert got["row-0"]["task"] == "choice:boolq" and got["s1-gone"]["version"] == "1"  # each in its shape
+    assert (s.result_expired, s.error, s.timeout, s.ok, s.written) == (3, 3, 0, 0, 3)
+    assert "result_expired 3" in s.line()
+
+    # A later run (into a new OUT) finds those answers expired: it scores them anew.
+    worker.stop()
+    fake_worker()  # results live the default day now
+    out2 = tmp_path / "out2.jsonl"
+    s2 = run_backfill(inp, out2, redis_url=redis_url, model=MODEL, window=3, chunk_size=3, poll_s=0.01, timeout_s=60)
+    assert (s2.rescored, s2.submitted, s2.ok, s2.result_expired) == (3, 3, 3, 0)
+    assert {line["status"] for line in read_out(out2)} == {"ok"}
+    r.close()
+
+
+def test_backfill_rides_out_a_redis_restart_mid_run(tmp_path, redis_server_factory, fake_worker, caplog):
+    server = redis_server_factory(aof=True)  # appendonly: the restart keeps queue, markers and results
+    worker = fake_worker(url=server.url(), delay_s=0.02)
+    n_rows = 2000
+    inp = write_jsonl(tmp_path / "in.jsonl", [row(i) for i in range(n_rows)])
+    out = tmp_path / "out.jsonl"
+    caplog.set_level(logging.INFO, logger="producer.backfill")
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["s"] = run_backfill(
+                inp, out, redis_url=server.url(), model=MODEL, window=40, chunk_size=10, poll_s=0.01,
+                timeout_s=120, redis_timeout_s=90,
+            )  # fmt: skip
+        except BaseException as e:  # surfaced below
+            result["error"] = e
+
+    job = threading.Thread(target=run)
+    job.start()
+    try:
+        _wait(lambda: out.exists() and out.read_bytes().count(b"\n") >= 200, "200 lines written", 60)
+        server.stop()
+        written_at_stop = out.read_bytes().count(b"\n")
+        _wait(lambda: any("redis unreachable" in m for m in caplog.messages), "the backfill to hit the outage")
+        server.start()
+        job.join(180)
+    finally:
+        if not server.alive():
+            server.start()
+        job.join(180)
+    assert "error" not in result, repr(result.get("error"))
+    s = result["s"]
+    assert written_at_stop < n_rows  # stopped mid-run
+    assert s.redis_outages >= 1 and "redis outages" in s.line()
+    assert any("redis is back" in m for m in caplog.messages)
+    results = read_out(out)
+    assert Counter(line["id"] for line in results) == Counter(f"row-{i}" for i in range(n_rows))  # each once
+    assert all(line["status"] == "ok" for line in results) and s.ok == n_rows and s.timeout == 0
+    assert worker.redis_errors > 0  # the worker saw the outage too, and carried on
+
+
+def test_cli_exits_with_one_line_when_redis_never_comes_back(tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # a free port: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    inp = write_jsonl(tmp_path / "in.jsonl", [row(i) for i in range(3)])
+    out = tmp_path / "out.jsonl"
+    cmd = [sys.executable, "-m", "vela2.cli", "backfill", str(inp), str(out), "--redis", dead]
+    cmd += ["--redis-timeout-s", "1", "--no-progress", "--chunk-size", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == EXIT_REDIS_UNAVAILABLE, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("vela2 backfill: redis unreachable for ") and "rerun the same command" in lines[0]
+    assert proc.stdout == ""
+    assert out.read_text() == ""  # nothing half-written
+
+
 def _queued_rows(r) -> int:
     """Rows inside the messages waiting on the backfill queue (one LRANGE: an atomic snapshot)."""
     n = 0
     for payload in r.lrange(QUEUE, 0, -1):
-        env = json.loads(payload)
-        n += len(env["headers"].get("vela2_ids") or [None])
-        assert base64.b64decode(env["body"])  # a real message
+        env = decode_envelope(payload)
+        n += len(decode_body(env.body).requests)
     return n
 
 

@@ -1,10 +1,12 @@
 """producer.Client on fakeredis: validation at the caller, priority queues, deadlines, size limits,
-submission markers, pipelined reads; the producer imports without torch."""
+submission markers and the four states (answered / pending / expired / unknown), terminal outcomes
+for expired answers, pipelined reads; the producer imports without torch."""
 
 from __future__ import annotations
 
 import base64
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,12 +14,12 @@ import fakeredis
 import pytest
 
 from producer.client import Client, pack_messages, prepare_request
-from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch
+from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired
 from vela2.schemas import RowResult, Status, content_id, parse_row
 from vela2.systemone import parse_request
-from vela2.wire.keys import submitted_key
+from vela2.wire.keys import result_key, submitted_key
 from vela2.wire.messages import decode_body
-from vela2.wire.results import ResultStore, row_meta
+from vela2.wire.results import ANSWERED, ResultStore, row_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW = {"task": "choice:boolq", "text": "The sky is green.", "questions": [{"options": ["yes", "no"]}]}
@@ -27,15 +29,30 @@ ONLINE, BACKFILL = "vela2.vela2-demo", "vela2.vela2-demo.backfill"
 
 class CountingRedis(fakeredis.FakeRedis):
     commands: list[str] = []
+    calls: list[tuple] = []  # the whole commands, arguments included
 
     def execute_command(self, *args, **kwargs):
         CountingRedis.commands.append(str(args[0]).upper())
+        CountingRedis.calls.append(args)
         return super().execute_command(*args, **kwargs)
+
+
+def _reset_counts() -> None:
+    CountingRedis.commands = []
+    CountingRedis.calls = []
+
+
+def _wait_gone(redis, key: str, timeout_s: float = 15.0) -> None:
+    """Poll until `key` has expired (its TTL runs in real time), failing after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while redis.exists(key):
+        assert time.monotonic() < deadline, f"{key} did not expire within {timeout_s} s"
+        time.sleep(0.02)
 
 
 @pytest.fixture
 def redis():
-    CountingRedis.commands = []
+    _reset_counts()
     r = CountingRedis()
     r.flushall()
     yield r
@@ -129,13 +146,84 @@ def test_chunks_over_the_byte_limit_are_split_and_a_single_oversized_request_is_
 
 
 def test_tracked_submissions_leave_a_short_lived_marker(redis):
-    client = Client(model="vela2-demo", redis=redis, track_submitted=True, submitted_ttl_s=60)
+    client = Client(model="vela2-demo", redis=redis, submitted_ttl_s=60)
+    assert client.track_submitted  # the default
     ids = client.submit_many([{**ROW, "id": "a"}, {**ROW, "id": "b"}], chunk_size=2)
     assert ids == ["a", "b"]
     assert client.is_submitted("a") and client.is_submitted("b") and not client.is_submitted("c")
+    assert redis.get(submitted_key("a")) == ONLINE.encode()  # the marker holds the queue
     assert 0 < redis.ttl(submitted_key("a")) <= 60
-    assert Client(model="vela2-demo", redis=redis).submit({**ROW, "id": "c"}) == "c"
-    assert not client.is_submitted("c")  # untracked clients write no marker
+    assert Client(model="vela2-demo", redis=redis, track_submitted=False).submit({**ROW, "id": "c"}) == "c"
+    assert not client.is_submitted("c") and client.status("c") == "unknown"  # untracked: no marker
+    ResultStore(redis).store([("a", _ok("a"))])
+    assert client.status("a") == "answered" and not client.is_submitted("a")  # never "pending" once answered
+    assert redis.get(submitted_key("a")) == ANSWERED.encode() and client.status("b") == "pending"
+
+
+def test_the_marker_travels_in_the_same_round_trip_as_the_push(redis):
+    round_trips: list[list[str]] = []  # the commands of each executed pipeline
+    real = redis.pipeline
+
+    def recording_pipeline(*a, **kw):
+        pipe = real(*a, **kw)
+        execute = pipe.execute
+
+        def recorded_execute(*ea, **ekw):
+            round_trips.append([str(args[0]).upper() for args, _ in pipe.command_stack])
+            return execute(*ea, **ekw)
+
+        pipe.execute = recorded_execute
+        return pipe
+
+    redis.pipeline = recording_pipeline
+    client = Client(model="vela2-demo", redis=redis)
+    _reset_counts()
+    client.submit_many([{**ROW, "id": f"p-{i}"} for i in range(4)], chunk_size=2, backfill=True)
+    assert len(round_trips) == 1 and CountingRedis.commands == []  # one round trip, nothing beside it
+    (sent,) = round_trips
+    assert sent == ["EVAL", "EVAL", "LPUSH", "EVAL", "EVAL", "LPUSH"]  # each message's markers, then the message
+    assert {redis.get(submitted_key(f"p-{i}")) for i in range(4)} == {BACKFILL.encode()}
+
+
+def _ok(rid: str) -> dict:
+    return row_meta(rid, RowResult(id=rid, task="choice:boolq", status=Status.ok, answers=[]))
+
+
+def test_an_expired_answer_is_a_terminal_outcome_never_an_endless_wait(client, redis):
+    ids = client.submit_many([{**ROW, "id": i} for i in ("gone", "kept", "waiting")])
+    ResultStore(redis, ttl_s=1).store([("gone", _ok("gone"))])  # a result TTL (result_expires) of 1 s
+    ResultStore(redis).store([("kept", _ok("kept"))])
+    assert client.result("gone", timeout_s=5).status == "ok"  # while it lives
+    _wait_gone(redis, result_key("gone"))
+    assert redis.get(submitted_key("gone")) == ANSWERED.encode()
+    assert [client.status(i) for i in ids] == ["expired", "answered", "pending"]
+    assert not client.is_submitted("gone")
+
+    with pytest.raises(ResultExpired, match=r"'gone' expired from the result store") as info:
+        client.result("gone", timeout_s=None)  # would wait forever without the marker
+    assert info.value.code == "result_expired" and isinstance(info.value, LookupError)
+    with pytest.raises(ResultExpired, match="'gone'"):
+        client.answer("gone", timeout_s=3600)
+
+    # Many: an expired id is an error result of type result_expired (never None = "not yet"),
+    # read in the same single MGET (result keys, then marker keys) as the others.
+    _reset_counts()
+    got = client.results_many(ids, timeout_s=0.1)
+    assert got["gone"].status == "error" and got["gone"].error.type == "result_expired"
+    assert got["gone"].id == "gone" and "expired from the result store" in got["gone"].error.message
+    assert got["kept"].status == "ok" and got["waiting"] is None
+    first = CountingRedis.calls[0]
+    assert first[0].upper() == "MGET" and list(first[1:]) == [result_key(i) for i in ids] + [
+        submitted_key(i) for i in ids
+    ]
+    assert set(CountingRedis.commands) == {"MGET"}
+    answers = client.answers_many(["gone", "kept"], timeout_s=None)  # terminal: returns at once
+    assert answers["gone"] == {
+        "id": "gone",
+        "status": "error",
+        "error": {"type": "result_expired", "message": got["gone"].error.message},
+    }
+    assert answers["kept"]["status"] == "ok"
 
 
 def test_answers_many_reads_system_one_answers_with_one_mget(client, redis):
@@ -159,3 +247,14 @@ def test_validate_false_sends_a_bad_request_for_the_worker_to_answer(client, red
     first, second = _queued(redis, ONLINE)  # the client's own queue: the worker answers model_mismatch
     assert _body(first).requests == [bad]
     assert _body(second).requests[0]["model"] == "other"
+
+
+def test_resubmitting_an_answered_id_keeps_it_answered_then_expired(client, redis):
+    client.submit({**ROW, "id": "again"})
+    ResultStore(redis, ttl_s=1).store([("again", _ok("again"))])
+    client.submit({**ROW, "id": "again"})  # a retry after the answer: the worker will skip it
+    assert client.status("again") == "answered"
+    _wait_gone(redis, result_key("again"))
+    assert client.status("again") == "expired"  # never "pending" about a request whose answer came and went
+    client.submit({**ROW, "id": "again"})  # submitted anew after expiry: pending again
+    assert client.status("again") == "pending"

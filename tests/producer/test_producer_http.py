@@ -12,7 +12,7 @@ import pytest
 
 from producer.http import status_code
 from vela2.schemas import ErrorInfo, RowResult, Status
-from vela2.wire.keys import online_queue
+from vela2.wire.keys import online_queue, result_key
 from vela2.wire.results import ResultStore, row_meta
 
 pytestmark = pytest.mark.integration
@@ -151,6 +151,41 @@ def test_pending_expired_and_worker_failures_map_to_status_codes(redis_url, redi
     assert status_code({"status": "error", "error": {"type": "model_mismatch"}}) == 400
 
 
+def test_an_expired_answer_is_410_gone_never_pending(redis_url, redis_server, http_server):
+    base = http_server(redis_url)
+    r = redis_server.client()
+    store = ResultStore(r, ttl_s=1)  # result_expires of 1 s
+    try:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            req = {**REQUEST, "id": "gone"}
+            assert http.post("/v1/system_one", json=req, params={"wait_s": 0}).status_code == 202
+            assert http.get("/v1/results/gone").status_code == 202  # pending (no worker)
+            answer = {"version": "1", "model": MODEL, "id": "gone", "status": "ok", "tasks": {}}
+            res = RowResult(id="gone", task="set:intent", status=Status.ok, answers=[])
+            assert store.store([("gone", row_meta("gone", res, answer))]) == [True]
+            got = http.get("/v1/results/gone")
+            assert got.status_code == 200 and got.json() == answer
+            deadline = time.monotonic() + 15
+            while r.exists(result_key("gone")):  # the result TTL runs out
+                assert time.monotonic() < deadline, "the result did not expire"
+                time.sleep(0.02)
+            got = http.get("/v1/results/gone")
+            assert got.status_code == 410, got.text
+            body = got.json()
+            assert body["id"] == "gone" and body["model"] == MODEL and body["status"] == "error"
+            assert body["error"]["type"] == "result_expired"
+            assert "'gone' expired from the result store" in body["error"]["message"]
+            assert http.get("/v1/results/never-seen").status_code == 404  # unknown stays 404
+
+            # POSTing it again scores it anew: queued again, pending again (the idempotency key only
+            # holds while an answer is stored).
+            assert http.post("/v1/system_one", json=req, params={"wait_s": 0}).status_code == 202
+            assert http.get("/v1/results/gone").status_code == 202
+        assert r.llen(online_queue(MODEL)) == 2
+    finally:
+        r.close()
+
+
 def test_redis_down_is_503(http_server):
     import socket
 
@@ -176,6 +211,9 @@ def test_openapi_describes_every_route_and_the_systemone_schemas(redis_url, http
         "$ref": "#/components/schemas/SystemOneRequest"
     }
     assert {"200", "202", "400", "413", "422", "503", "504"} <= set(post["responses"])
+    get = spec["paths"]["/v1/results/{request_id}"]["get"]
+    assert {"200", "202", "404", "410", "500", "503", "504"} <= set(get["responses"])
+    assert "result_expired" in get["responses"]["410"]["description"]
     schemas = spec["components"]["schemas"]
     assert {"SystemOneRequest", "SystemOneTask", "SystemOneAnswer", "TaskAnswer", "Pending"} <= set(schemas)
     refs = set()
