@@ -30,8 +30,13 @@ test: lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 # The fault suite against real processes (writes bench/results/reliability.json; exit 1 on a lost request).
+# RELIABILITY_ARGS adds options, e.g. the repeat run under load:
+#   make reliability RELIABILITY_ARGS="--only redis_down --repeat 3 --cpu-hog 1 --fuzz-examples 0" \
+#        RELIABILITY_OUT=bench/results/reliability-repeat.json
+RELIABILITY_OUT ?= bench/results/reliability.json
+RELIABILITY_ARGS ?=
 reliability: $(DEMO_CKPT)/config.json
-	$(PY) -m bench.reliability --checkpoint $(DEMO_CKPT) --out bench/results/reliability.json
+	$(PY) -m bench.reliability --checkpoint $(DEMO_CKPT) --out $(RELIABILITY_OUT) $(RELIABILITY_ARGS)
 
 # Steady traffic for MINUTES minutes, sampling worker RSS and GPU memory (bench/results/soak.json).
 MINUTES ?= 5

@@ -4,6 +4,7 @@ request it sent.
 
     .venv/bin/python -m bench.reliability [--out bench/results/reliability.json] [--only NAME,...]
         [--scale 1.0] [--soak-minutes N] [--checkpoint DIR] [--device cpu] [--fuzz-examples 500]
+        [--repeat N] [--cpu-hog K]
 
 Every scenario is self-contained: its own redis-server on a free loopback port in a temporary
 directory (AOF on where a restart must keep the queue), its own workers configured through VELA2_*
@@ -17,11 +18,14 @@ engine's JSON stats line at shutdown. After the scenario settles, every request 
   (results are write-once: this must stay 0 however often a message is delivered).
 
 Scenarios: sigkill, sigterm, redis_restart, malformed, oversized, oom, duplicate, visibility,
-poison, redis_down (see each function's docstring), then the hypothesis fuzz of the request schemas
-and the renderer (bench.fuzz) and, with --soak-minutes, a soak run sampling worker RSS and GPU
-memory. `--scale` multiplies request counts (and the redis_down outage); the smoke test runs a few
-scenarios at a tiny scale. Exit status: 0 when nothing was lost, no answer changed and every
-scenario's own checks held; 1 otherwise.
+poison, redis_down, redis_full, bad_id, queue_items (also over rediss:// when redis-server has
+TLS), deep_body, start_failures (see each function's docstring), then the hypothesis fuzz of the
+request schemas and the renderer (bench.fuzz) and, with --soak-minutes, a soak run sampling worker
+RSS and GPU memory. `--scale` multiplies request counts (and the redis_down outage); the smoke test
+runs a few scenarios at a tiny scale. `--repeat N` runs the selected scenarios N times and
+`--cpu-hog K` runs K busy-loop processes beside them (a loaded machine); the report lists every
+run's outcome (`scenarios`, each with its `run`; `runs` per scenario), never only the best. Exit
+status: 0 when nothing was lost, no answer changed and every check of every run held; 1 otherwise.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from producer.client import Client
 from stack.harness import READY_TIMEOUT_S, RedisServer, WorkerProcess, free_port
 from vela2.errors import LimitExceeded
 from vela2.wire import keys
-from vela2.wire.messages import build_message
+from vela2.wire.messages import MAX_JSON_DEPTH, build_message
 from worker.faults import TEST_CRASH_ENV, TEST_DELAY_ENV, TEST_FAIL_ENV, TEST_OOM_ENV
 
 log = logging.getLogger("bench.reliability")
@@ -135,10 +139,13 @@ class Suite:
         """A request count scaled by --scale."""
         return max(minimum, round(base * self.scale))
 
-    def redis(self, *, aof: bool = False) -> RedisServer:
-        r = RedisServer(self.workdir / f"redis{next(self._redis_numbers)}", aof=aof).start()
+    def redis(
+        self, *, aof: bool = False, extra_args: tuple[str, ...] = (), kind: type[RedisServer] = RedisServer
+    ) -> RedisServer:
+        """A fresh redis-server (`kind`: a subclass such as TlsRedisServer), stopped at cleanup."""
+        r = kind(self.workdir / f"redis{next(self._redis_numbers)}", aof=aof, extra_args=extra_args)
         self._procs.append(r)
-        return r
+        return r.start()
 
     def worker(
         self, redis_url: str, *, env: dict[str, str] | None = None, metrics: bool = False, **settings: Any
@@ -320,6 +327,7 @@ class Outcome:
     """One scenario's line in reliability.json."""
 
     name: str
+    run: int = 1  # which run of the scenario (--repeat)
     requests: int = 0
     answered_ok: int = 0
     answered_error: int = 0
@@ -337,6 +345,11 @@ class Outcome:
         if not ok:
             log.error("%s: check failed: %s (%s)", self.name, what, detail)
         return bool(ok)
+
+    def skip(self, what: str, reason: str) -> None:
+        """Record a claim that could not be tested here, with why (never silently)."""
+        self.checks.append({"check": what, "ok": True, "skipped": reason})
+        log.warning("%s: check skipped: %s (%s)", self.name, what, reason)
 
     def settle(self, tracker: Tracker) -> dict[str, bytes | None]:
         """Fill the counts from the tracker; returns the raw stored answers by id."""
@@ -426,6 +439,42 @@ def drained(r: redis_lib.Redis) -> bool:
         return not r.llen(QUEUE) and not r.hlen(keys.UNACKED_KEY)
     except redis_lib.RedisError:
         return False
+
+
+def _ids_in_item(item: bytes) -> set[str]:
+    """The request ids in a queue item or an `unacked` value ([envelope, exchange, routing key])."""
+    try:
+        env = json.loads(item)
+        env = env[0] if isinstance(env, list) else env
+        body = json.loads(base64.b64decode(env["body"]))
+        args = body[0]
+        objs = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+        return {o["id"] for o in objs if isinstance(o, dict) and isinstance(o.get("id"), str)}
+    except (ValueError, KeyError, TypeError, IndexError):
+        return set()
+
+
+def lost_forensics(r: redis_lib.Redis, ids: list[str], workers: list[WorkerProcess]) -> dict[str, Any]:
+    """Where the traces of lost requests are: the submitted marker (set with the push; the store
+    turns it into "answered"), whether the message is still queued or in kombu's `unacked` hash,
+    and which worker logs name the id. No marker change, no queue, no unacked entry and no log
+    line: the message left the queue (BRPOP) and never reached a worker."""
+    try:
+        queued = set().union(*(_ids_in_item(x) for x in r.lrange(QUEUE, 0, -1)))
+        held = set().union(*(_ids_in_item(x) for x in r.hvals(keys.UNACKED_KEY)))
+        markers = r.mget([keys.submitted_key(i) for i in ids]) if ids else []
+    except redis_lib.RedisError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    found = {}
+    for rid, marker in zip(ids, markers, strict=True):
+        pattern = re.compile(rf"\b{re.escape(rid)}\b(?!\d)")
+        found[rid] = {
+            "submitted_marker": marker.decode() if marker else None,
+            "in_queue": rid in queued,
+            "in_unacked": rid in held,
+            "named_in_worker_logs": [w.name for w in workers if pattern.search(w.log())],
+        }
+    return found
 
 
 def raw_message(requests: list[Any], *, chunk: bool = False, max_bytes: int = 10**9, **kw: Any) -> dict[str, Any]:
@@ -634,6 +683,8 @@ def scenario_redis_restart(s: Suite, out: Outcome) -> None:
         }
     )
     out.settle(tr)
+    if out.lost:
+        out.notes["lost_forensics"] = lost_forensics(rc, out.notes.get("lost_ids", []), workers)
     out.check("every answer ok", out.answered_ok == out.requests, out.answered_ok)
     tr.close()
 
@@ -641,7 +692,9 @@ def scenario_redis_restart(s: Suite, out: Outcome) -> None:
 def scenario_malformed(s: Suite, out: Outcome) -> None:
     """Undecodable bodies, wrong task names, schema-invalid payloads, bad headers and non-Celery
     items, mixed into good traffic. Every bad message that carries an id gets an error answer with
-    the right type; items without an id are dropped (logged); the good ones are all answered ok."""
+    the right type (a task not served here: invalid_request, refused by the worker's channel before
+    Celery sees it); items without an id go to the dead-letter list with their reason; the good
+    ones are all answered ok."""
     r = s.redis()
     rc = r.client()
     w = s.worker(r.url()).wait_ready()
@@ -671,7 +724,7 @@ def scenario_malformed(s: Suite, out: Outcome) -> None:
         env["headers"]["task"] = "vela2.no_such_task"
         return env
 
-    bad("wrongtask", "NotRegistered", wrong_task)
+    bad("wrongtask", "invalid_request", wrong_task)
 
     def bad_expires(rid: str, i: int) -> dict[str, Any]:
         env = raw_message([{**base, "id": rid}])
@@ -708,7 +761,7 @@ def scenario_malformed(s: Suite, out: Outcome) -> None:
     late = [f"late-{i}" for i in range(k)]
     for rid in late:
         items.append(json.dumps(raw_message([{**base, "id": rid}], expires=_past())))
-    # no id to answer under: dropped with a log line (not requests)
+    # no id to answer under: dead-lettered with the reason (not requests)
     garbage = ["this is not a message", json.dumps({"no": "envelope"}), "", json.dumps([1, 2, 3])]
     no_id = raw_message([{**base, "id": "noid"}])
     del no_id["headers"]["id"]
@@ -739,9 +792,7 @@ def scenario_malformed(s: Suite, out: Outcome) -> None:
     oks = [g["id"] for g in good] + [g for _, g, _ in chunk_rows]
     out.check("every good request (chunked ones too) answered ok", all(classify(raws[i]) == "ok" for i in oks))
     out.check("requests past their deadline answered expired", all(classify(raws[i]) == "expired" for i in late))
-    logged = w.log().count("dropped a queue item that is not a Celery message") + w.log().count(
-        "dropping a message without a task id"
-    )
+    dead = [json.loads(x) for x in rc.lrange(keys.dead_letter(MODEL), 0, -1)]
     examples = {}
     for rid in want:
         kind = rid.rsplit("-", 1)[0]
@@ -761,14 +812,15 @@ def scenario_malformed(s: Suite, out: Outcome) -> None:
                 "past_deadline": len(late),
                 "unanswerable_items": len(unanswerable),
             },
-            "unanswerable_items_logged_as_dropped": logged,
+            "dead_letter_entries": len(dead),
+            "dead_letter_reasons": sorted({str(d.get("reason"))[:120] for d in dead}),
             **worker_notes([w]),
         }
     )
     out.check(
-        "every item without an id was dropped with a log line",
-        logged >= len(unanswerable),
-        f"{logged} of {len(unanswerable)}",
+        "every item without an id is on the dead-letter list with a reason (and nothing else is)",
+        len(dead) == len(unanswerable) and all(d.get("reason") and "item" in d for d in dead),
+        f"{len(dead)} entries for {len(unanswerable)} items",
     )
 
 
@@ -1115,7 +1167,669 @@ def scenario_redis_down(s: Suite, out: Outcome) -> None:
         }
     )
     out.settle(tr)
+    if out.lost:
+        out.notes["lost_forensics"] = lost_forensics(rc, out.notes.get("lost_ids", []), workers)
     out.check("every answer ok", out.answered_ok == out.requests, out.answered_ok)
+
+
+# --- Redis full, unusable ids, raw queue items, deep JSON, start-up failures ----------------------
+
+FILL_VALUE_BYTES = 64 * 1024  # one fill key (SET) while filling Redis up to its maxmemory
+FULL_MAXMEMORY = "16mb"  # redis_full: room for the queue and the answers, little more
+DEEP = 100_000  # nesting of the deep JSON items (the wire limit is 64 levels)
+
+
+FULL_MARGIN_BYTES = 2**20  # once full, maxmemory is held this far below the memory in use
+
+
+def fill_redis(r: redis_lib.Redis, prefix: str, limit_bytes: int = 64 * 2**20) -> dict[str, int]:
+    """SET big keys `prefix<i>` until Redis refuses with OutOfMemoryError (maxmemory, noeviction),
+    then hold it full: maxmemory is lowered to FULL_MARGIN_BYTES below the memory in use, so that
+    the few KiB Redis frees now and then (client buffers) never let a small write through.
+    Returns the keys written and both limits; RuntimeError when `limit_bytes` went in unrefused."""
+    value = b"x" * FILL_VALUE_BYTES
+    configured = int(r.config_get("maxmemory")["maxmemory"])
+    for i in range(limit_bytes // FILL_VALUE_BYTES + 1):
+        try:
+            r.set(f"{prefix}{i}", value)
+        except redis_lib.exceptions.OutOfMemoryError:
+            used = int(r.info("memory")["used_memory"])
+            r.config_set("maxmemory", max(1, min(configured, used) - FULL_MARGIN_BYTES))
+            return {"keys": i, "maxmemory": configured, "held_at": max(1, min(configured, used) - FULL_MARGIN_BYTES),
+                    "used_memory": used}
+    raise RuntimeError(f"Redis took {limit_bytes / 2**20:.0f} MiB of fill keys without refusing a write")
+
+
+def free_redis(r: redis_lib.Redis, prefix: str, fill: dict[str, int]) -> None:
+    """Delete the fill keys `prefix<0..n>` (DEL is allowed while Redis is full), then give maxmemory
+    its configured value back."""
+    names = [f"{prefix}{i}" for i in range(fill["keys"] + 1)]
+    for k in range(0, len(names), 100):
+        r.delete(*names[k : k + 100])
+    r.config_set("maxmemory", fill["maxmemory"])
+
+
+def refuses_writes(r: redis_lib.Redis) -> bool:
+    """True while a small write is refused with OutOfMemoryError (the probe key is removed)."""
+    try:
+        r.set("vela2:bench:probe", b"1")
+    except redis_lib.exceptions.OutOfMemoryError:
+        return True
+    r.delete("vela2:bench:probe")
+    return False
+
+
+def metric(port: int, name: str) -> float | None:
+    """One unlabelled sample of a worker's /metrics (None when unreachable or absent)."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return None
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+BLOCKED_METRIC = "vela2_redis_write_blocked_seconds"
+REFUSAL_LOG = re.compile(r"Redis refuses writes .* nothing is dropped")
+
+
+def log_problems(w: WorkerProcess) -> list[str]:
+    """Log lines of a worker's safety nets (a bug caught, a message left for the visibility timeout)."""
+    marks = ("engine loop error", "opening a message failed", "Traceback (most recent call last)")
+    return [x[:300] for x in w.log().splitlines() if any(m in x for m in marks)][:5]
+
+
+def scenario_redis_full(s: Suite, out: Outcome) -> None:
+    """Redis at its maxmemory (16 MB, noeviction: writes refused with OOM, nothing evicted), filled
+    with big SET keys until it refuses, then held full (maxmemory 1 MiB below the memory in use,
+    see fill_redis). (a) A worker started while Redis is full does not exit: it logs that Redis
+    refuses writes and waits; once the fill keys are deleted it answers every request queued
+    before. (b) A worker on a slow device scoring a queue when Redis fills up: it
+    keeps what it took in memory, `vela2_redis_write_blocked_seconds` says how long it has waited,
+    and after freeing every request is answered exactly once, by the same worker process."""
+    r = s.redis(extra_args=("--maxmemory", FULL_MAXMEMORY))
+    rc = r.client(socket_timeout=10)
+    client = Client(r.url(), model=MODEL)
+    tr = Tracker(r.url())
+    hold_s = max(3.0, 10.0 * min(1.0, s.scale))  # how long Redis stays full once the worker waits
+    # (a) start while full
+    rows_a = good_rows("fullstart", s.n(40, minimum=8))
+    tr.add(client.submit_many(rows_a))
+    filled_a = fill_redis(rc, "fill:a:")
+    full_a = refuses_writes(rc)
+    wa = s.worker(r.url())
+    pid_a = wa.pid
+    wait_until(lambda: bool(REFUSAL_LOG.search(wa.log())) or not wa.alive(), READY_TIMEOUT_S,
+               "worker (a) to log that Redis refuses writes")
+    t_full = time.monotonic()
+    while time.monotonic() - t_full < hold_s and wa.alive():
+        time.sleep(POLL_S)
+    alive_while_full = wa.alive()
+    answered_while_full = len(rows_a) - tr.poll()
+    full_a = full_a and refuses_writes(rc)
+    line = next((x.strip() for x in wa.log().splitlines() if REFUSAL_LOG.search(x)), None)
+    out.check("(a) Redis refused writes from the fill to the free", full_a)
+    out.check("(a) a worker started while Redis is full stays up and says why it waits",
+              alive_while_full and line is not None, line)
+    out.check("(a) nothing answered while Redis was full (nothing could be stored)", answered_while_full == 0,
+              answered_while_full)
+    free_redis(rc, "fill:a:", filled_a)
+    t_free = time.monotonic()
+    done_a = tr.wait(SETTLE_TIMEOUT_S, until=lambda: drained(rc))
+    answered_a_s = time.monotonic() - t_free
+    out.check("(a) after freeing, every request queued before is answered and the queue drained", done_a,
+              f"{tr.poll()} missing")
+    out.check("(a) the same worker process did it (never exited)", wa.alive() and wa.pid == pid_a, wa.pid)
+    stop_all([wa], out)
+    ca = worker_counts(wa) or {}
+    out.check("(a) answered exactly once (no duplicate, nothing returned)",
+              ca.get("answered") == len(rows_a) and ca.get("duplicates_skipped") == 0, ca)
+    # (b) fill while a worker scores
+    delay = 0.5
+    settings: dict[str, Any] = {"max_batch_tokens": 128, "max_buffered": 6}  # 2 rows per 0.5 s batch, 4 buffered
+    wb = s.worker(r.url(), env={TEST_DELAY_ENV: str(delay)}, metrics=True, **settings).wait_ready()
+    pid_b = wb.pid
+    rows_b = good_rows("fullrun", s.n(60, minimum=40))
+    tr.add(client.submit_many(rows_b))
+    wait_until(lambda: tr.poll() <= len(rows_b) - 2, 120, "worker (b) to answer a few")
+    filled_b = fill_redis(rc, "fill:b:")
+    t_fill = time.monotonic()
+    tr.poll()
+    answered_at_fill = tr.answered()
+    blocked_max = 0.0
+    seen = None
+    while time.monotonic() - t_fill < 120 and wb.alive():  # until the metric shows the wait, then hold_s more
+        blocked = metric(wb.metrics_port, BLOCKED_METRIC) or 0.0
+        blocked_max = max(blocked_max, blocked)
+        if seen is None and blocked > 0:
+            seen = time.monotonic() - t_fill
+        if seen is not None and time.monotonic() - t_fill >= seen + hold_s:
+            break
+        time.sleep(0.25)
+    still_full = refuses_writes(rc)
+    tr.poll()
+    answered_while_full_b = tr.answered() - answered_at_fill
+    held_b = unacked(rc)
+    queued_b = int(rc.llen(QUEUE))
+    alive_full_b = wb.alive()
+    free_redis(rc, "fill:b:", filled_b)
+    t_free_b = time.monotonic()
+    done_b = tr.wait(SETTLE_TIMEOUT_S, until=lambda: drained(rc))
+    answered_b_s = time.monotonic() - t_free_b
+    back_to_zero = False
+    with_deadline = time.monotonic() + 60
+    while time.monotonic() < with_deadline:
+        if metric(wb.metrics_port, BLOCKED_METRIC) == 0.0:
+            back_to_zero = True
+            break
+        time.sleep(0.2)
+    out.check("(b) Redis really refused writes for the whole hold", still_full)
+    out.check("(b) nothing answered while Redis was full (nothing could be stored)", answered_while_full_b == 0,
+              answered_while_full_b)
+    out.check(f"(b) {BLOCKED_METRIC} > 0 while Redis was full", blocked_max > 0, round(blocked_max, 2))
+    out.check("(b) the worker stayed up while Redis was full", alive_full_b)
+    out.check("(b) after freeing, every request answered and the queue drained", done_b, f"{tr.poll()} missing")
+    out.check(f"(b) {BLOCKED_METRIC} back to 0 once Redis accepts writes", back_to_zero)
+    out.check("(b) the same worker process did it (never exited)", wb.alive() and wb.pid == pid_b, wb.pid)
+    out.check("no safety-net log lines (engine loop errors, tracebacks)", not (log_problems(wa) + log_problems(wb)),
+              log_problems(wa) + log_problems(wb))
+    stop_all([wb], out)
+    cb = worker_counts(wb) or {}
+    out.check("(b) answered exactly once (no duplicate, nothing returned)",
+              cb.get("answered") == len(rows_b) and cb.get("duplicates_skipped") == 0, cb)
+    accepted = re.findall(r"Redis accepts writes again after ([\d.]+) s", wb.log())
+    out.notes.update(
+        {
+            "injected": f"redis-server --maxmemory {FULL_MAXMEMORY} (noeviction) filled with "
+            f"{FILL_VALUE_BYTES // 1024} KiB SET keys until OutOfMemoryError, then maxmemory held "
+            f"{FULL_MARGIN_BYTES // 2**20} MiB below the memory in use; (a) before a worker starts, "
+            f"(b) while a worker (slow device {delay} s/batch, buffer 6) scores; held full {hold_s:.0f} s",
+            "a_fill": filled_a,
+            "a_refusal_log_line": line,
+            "a_answered_while_full": answered_while_full,
+            "a_answered_all_after_free_s": round(answered_a_s, 1),
+            "b_fill": filled_b,
+            "b_metric_seen_after_fill_s": None if seen is None else round(seen, 1),
+            "b_write_blocked_seconds_max": round(blocked_max, 2),
+            "b_blocked_per_worker_log_s": [float(x) for x in accepted],
+            "b_answered_while_full": answered_while_full_b,
+            "b_held_unacked_while_full": held_b,
+            "b_queued_while_full": queued_b,
+            "b_answered_all_after_free_s": round(answered_b_s, 1),
+            "a_worker": ca,
+            "b_worker": cb,
+        }
+    )
+    out.settle(tr)
+    out.check("every answer ok", out.answered_ok == out.requests, out.answered_ok)
+    client.close()
+    tr.close()
+
+
+def _lone_surrogate_message(rid: str, rows: list[dict[str, Any]] | None = None) -> str:
+    """A raw queue item whose header id (and body row ids) may hold lone surrogates, written as
+    JSON escapes ("\\ud800"): what a producer that never checks ids could LPUSH. `rows`: a chunk."""
+    embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+    if rows is None:
+        env = raw_message([good_row("placeholder", 0)])
+        body: list[Any] = [[{**good_row("x", 0), "id": rid}], {}, embed]
+    else:
+        env = raw_message([good_row("placeholder", 0)], chunk=True)
+        body = [[rows], {"chunk": True}, embed]
+        rid = env["headers"]["id"]
+    env["headers"]["id"] = env["headers"]["root_id"] = env["properties"]["correlation_id"] = rid
+    set_body(env, json.dumps(body, ensure_ascii=True).encode("ascii"))
+    return json.dumps(env, ensure_ascii=True)
+
+
+def scenario_bad_id(s: Suite, out: Outcome) -> None:
+    """Request ids Redis cannot take as keys, among ~300 innocent requests on 2 workers: a raw
+    message whose header id and body id hold a lone surrogate ("\\ud800", a JSON escape in a raw
+    LPUSH), and a chunk with one such row. The bad item and the bad row go to the dead-letter list
+    with their reason; every innocent request is answered; no worker stops storing: all done well
+    within the visibility timeout, with nothing redelivered."""
+    r = s.redis()
+    rc = r.client()
+    vis = max(120.0, s.visibility_for(2048, 8))
+    workers = start_ready(s, 2, r.url(), visibility_timeout_s=vis, max_buffered=8)
+    tr = Tracker(r.url())
+    n = s.n(300, minimum=20)
+    innocents = good_rows("innocent", n)
+    mates = good_rows("chunkmate", 4, start=n)
+    bad_single = "bad-\ud800"
+    bad_row = "badrow-\ud800"
+    single = _lone_surrogate_message(bad_single)
+    chunk = _lone_surrogate_message("", rows=[*mates[:2], {**good_row("x", 1), "id": bad_row}, *mates[2:]])
+    chunk_id = json.loads(chunk)["headers"]["id"]
+    chunk_body = base64.b64decode(json.loads(chunk)["body"]).decode("ascii")
+    out.check("the raw items carry the surrogate as a JSON escape (header id, body ids)",
+              '"bad-\\ud800"' in single and "\\ud800" in base64.b64decode(json.loads(single)["body"]).decode("ascii")
+              and '"badrow-\\ud800"' in chunk_body)
+    tr.add([x["id"] for x in innocents + mates])
+    first = [build_message([x], QUEUE).payload for x in innocents[: n // 4]]
+    rest = [build_message([x], QUEUE).payload for x in innocents[n // 4 :]]
+    t0 = time.monotonic()
+    rc.lpush(QUEUE, *first, single, chunk, *rest)  # BRPOP takes them in this order
+    done = tr.wait(SETTLE_TIMEOUT_S, until=lambda: drained(rc))
+    took = time.monotonic() - t0
+    out.check("all answered and the queue drained", done)
+    out.check("all done well within the visibility timeout (under half of it)", took < vis / 2,
+              f"{took:.1f} s of {vis:g} s")
+    out.check("both workers stayed up", all(w.alive() for w in workers))
+    summary = rc.get(keys.result_key(chunk_id))
+    out.check("the chunk's summary is stored under its id", summary is not None and classify(summary) == "ok",
+              summary[:200] if summary else None)
+    dead = [json.loads(x) for x in rc.lrange(keys.dead_letter(MODEL), 0, -1)]
+    item_entry = next((d for d in dead if d.get("item") and "ud800" in d["item"]), None)
+    row_entry = next((d for d in dead if (d.get("request") or {}).get("id") == bad_row), None)
+    out.check("the bad message is on the dead-letter list with its reason",
+              item_entry is not None and "not valid Unicode" in str(item_entry.get("reason")),
+              item_entry and item_entry.get("reason"))
+    out.check("the chunk's bad row is on the dead-letter list with its reason",
+              row_entry is not None and "not valid Unicode" in str(row_entry.get("reason"))
+              and row_entry.get("message_id") == chunk_id,
+              row_entry and row_entry.get("reason"))
+    out.check("nothing else on the dead-letter list", len(dead) == 2, len(dead))
+    problems = [p for w in workers for p in log_problems(w)]
+    out.check("no safety-net log lines (engine loop errors, tracebacks)", not problems, problems)
+    stop_all(workers, out)
+    per_worker = [worker_counts(w) or {} for w in workers]
+    notes = worker_notes(workers)
+    out.check("every worker kept storing (each answered some) and nothing was redelivered",
+              all(c.get("answered", 0) > 0 for c in per_worker) and notes.get("duplicates_skipped") == 0
+              and notes.get("answered") == n + len(mates),
+              [{k: c.get(k) for k in ("answered", "duplicates_skipped", "returned")} for c in per_worker])
+    out.notes.update(
+        {
+            "injected": "a raw message with header id and body id 'bad-\\ud800' and a chunk with one row "
+            f"'badrow-\\ud800' ({len(mates)} innocent chunk mates), pushed after {n // 4} innocent requests",
+            "visibility_timeout_s": vis,
+            "seconds_to_answer_all": round(took, 1),
+            "dead_letter_reasons": [d.get("reason") for d in dead],
+            "per_worker_answered": [c.get("answered") for c in per_worker],
+            **notes,
+        }
+    )
+    out.settle(tr)
+    out.check("every innocent answer ok", out.answered_ok == out.requests, out.answered_ok)
+    tr.close()
+
+
+class TlsRedisServer(RedisServer):
+    """A redis-server that listens on a TLS port only (`--port 0 --tls-port P`), with a CA and a
+    server certificate for 127.0.0.1 made by openssl in its directory; its URL is
+    rediss://127.0.0.1:P/0?ssl_cert_reqs=required&ssl_ca_certs=<ca.pem>."""
+
+    def start(self, timeout_s: float = 20.0) -> RedisServer:
+        self.ca = self.workdir / "ca.pem"
+        if not self.ca.exists():
+            make_certificates(self.workdir)
+        return super().start(timeout_s)
+
+    def url(self, db: int = 0) -> str:
+        return f"rediss://127.0.0.1:{self.port}/{db}?ssl_cert_reqs=required&ssl_ca_certs={self.workdir / 'ca.pem'}"
+
+    def client(self, db: int = 0, **kw: Any) -> Any:
+        return redis_lib.Redis(host="127.0.0.1", port=self.port, db=db, ssl=True, ssl_cert_reqs="required",
+                               ssl_ca_certs=str(self.workdir / "ca.pem"), **kw)
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        cmd[cmd.index("--port") + 1] = "0"
+        d = self.workdir
+        return [*cmd, "--tls-port", str(self.port), "--tls-cert-file", str(d / "server.pem"), "--tls-key-file",
+                str(d / "server.key"), "--tls-ca-cert-file", str(d / "ca.pem"), "--tls-auth-clients", "no"]
+
+
+def make_certificates(d: Path) -> None:
+    """A self-signed CA (ca.pem) and a server certificate for IP 127.0.0.1 signed by it (server.pem,
+    server.key), with openssl; RuntimeError naming what failed."""
+    import subprocess
+
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    steps = [
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+         "-days", "2", "-subj", "/CN=vela2-bench-ca"],
+        ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+         "-subj", "/CN=127.0.0.1"],
+        ["openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+         "-out", "server.pem", "-days", "2", "-extfile", "san.cnf"],
+    ]
+    for cmd in steps:
+        p = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:2])} failed: {p.stderr.strip()[-300:]}")
+
+
+def tls_refusal(r: RedisServer) -> str | None:
+    """Why a TLS redis-server did not start, when its log says the build has no TLS (else None)."""
+    text = (r.workdir / "redis.log").read_text(errors="replace") if (r.workdir / "redis.log").exists() else ""
+    low = text.lower()
+    if "tls" in low and ("bad directive" in low or "not supported" in low or "not compiled" in low):
+        return f"this redis-server build has no TLS: {text.strip().splitlines()[-1][:200]}"
+    return None
+
+
+def _queue_items(prefix: str) -> tuple[list[tuple[str, bytes]], dict[str, str], dict[str, str], list[str]]:
+    """The raw items of scenario_queue_items: (name, raw item) pairs, the ids that must get an
+    error (id -> words its message must contain), the items that must be dead-lettered (name ->
+    words of the reason), and the victim ids that only a header names."""
+    p = prefix
+    base = good_row("x", 0)
+    embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+    errors: dict[str, str] = {}
+    dead: dict[str, str] = {}
+    items: list[tuple[str, bytes]] = []
+
+    def add(name: str, item: dict[str, Any] | str | bytes) -> None:
+        raw = item if isinstance(item, bytes) else (item if isinstance(item, str) else json.dumps(item)).encode()
+        items.append((name, raw))
+
+    env = raw_message([{**base, "id": f"{p}-hlist"}])
+    env["headers"] = [[k, v] for k, v in env["headers"].items()]
+    add("headers_list", env)
+    errors[f"{p}-hlist"] = "envelope headers must be an object; got list"  # its body still names its request
+
+    env = raw_message([{**base, "id": f"{p}-enc"}])
+    env["properties"]["body_encoding"] = "rot13"
+    add("unknown_body_encoding", env)
+    errors[f"{p}-enc"] = "body_encoding 'rot13' is not base64"
+
+    head = json.dumps({"headers": {"id": f"{p}-deep", "task": keys.TASK_NAME}, "properties": {"delivery_tag": "t"},
+                       "body": ""})
+    deep = head[:-1] + ', "x": ' + "[" * DEEP + "]" * DEEP + "}"
+    add("envelope_nested_100000", deep)
+    dead["envelope_nested_100000"] = f"nested deeper than {MAX_JSON_DEPTH} levels"
+
+    add("not_json", b"\x00\xff\xfe not JSON at all \x80\x81")
+    dead["not_json"] = "not valid JSON"
+
+    proto1 = {"task": keys.TASK_NAME, "id": f"{p}-proto1", "args": [{**base, "id": f"{p}-proto1"}], "kwargs": {}}
+    add("protocol_1", {"body": base64.b64encode(json.dumps(proto1).encode()).decode(), "content-encoding": "utf-8",
+                       "content-type": "application/json",
+                       "properties": {"body_encoding": "base64", "delivery_tag": f"{p}-tag-proto1",
+                                      "delivery_info": {"exchange": "", "routing_key": QUEUE}, "priority": 0}})
+    errors[f"{p}-proto1"] = "protocol 1"
+
+    env = raw_message([{**base, "id": f"{p}-nohead"}])
+    del env["headers"]
+    add("headerless", env)
+    errors[f"{p}-nohead"] = "envelope headers must be an object; got NoneType"
+
+    env = raw_message([{**base, "id": f"{p}-b64"}])
+    env["body"] = "@@@ this is not base64 @@@"
+    add("body_not_base64", env)
+    errors[f"{p}-b64"] = "not valid base64"
+
+    env = raw_message([{**base, "id": f"{p}-mm-body"}])
+    env["headers"]["id"] = f"{p}-mm-head"
+    add("header_id_differs_from_body_id", env)
+    errors[f"{p}-mm-head"] = errors[f"{p}-mm-body"] = "differs from its message id"
+
+    env = raw_message([{**base, "id": f"{p}-cleanup"}])
+    env["headers"]["task"] = "celery.backend_cleanup"
+    set_body(env, json.dumps([[], {}, embed]).encode())
+    add("celery_backend_cleanup", env)
+    errors[f"{p}-cleanup"] = "'celery.backend_cleanup' is not served here"
+
+    victims = [f"{p}-victim-{i}" for i in range(4)]
+    env = raw_message([{**base, "id": f"{p}-chunk-a"}, good_row(f"{p}-chunk-b", 1)], chunk=True)
+    env["headers"]["vela2_ids"] = victims[:2]
+    add("chunk_naming_other_ids", env)  # a good chunk: its own rows answered ok, the header ignored
+
+    env = raw_message([{**base, "id": f"{p}-badchunk-a"}], chunk=True)
+    env["headers"]["vela2_ids"] = victims[2:]
+    set_body(env, json.dumps([[[{**base, "id": f"{p}-badchunk-a"}]], {"chunk": True, "bogus": 1}, embed]).encode())
+    add("bad_chunk_naming_other_ids", env)
+    errors[env["headers"]["id"]] = errors[f"{p}-badchunk-a"] = "unknown keyword arguments ['bogus']"
+
+    env = raw_message([good_row(f"{p}-forged", 2)])
+    env["headers"]["vela2_refused"] = "forged by a producer"
+    env["headers"]["vela2_refused_ids"] = victims
+    add("forged_refused_header", env)  # only the worker's channel may set it: answered as a normal request
+    return items, errors, dead, victims
+
+
+def _error_message(raw: bytes | None) -> str | None:
+    if raw is None:
+        return None
+    meta = json.loads(raw)
+    err = (meta.get("vela2") or {}).get("error")
+    if err:
+        return f"{err.get('type')}: {err.get('message')}"
+    result = meta.get("result")
+    return str(result) if isinstance(result, dict) else None
+
+
+def _run_queue_items(s: Suite, out: Outcome, r: RedisServer, label: str) -> None:
+    """Push the raw items of _queue_items on `r`, with good traffic, to one worker; check them."""
+    rc = r.client(socket_timeout=10)
+    w = s.worker(r.url()).wait_ready()
+    pid = w.pid
+    tr = Tracker(r.url())
+    prefix = f"qi{label}"
+    items, errors, dead_want, victims = _queue_items(prefix)
+    good = good_rows(f"{prefix}-good", s.n(40, minimum=10))
+    oks = [x["id"] for x in good] + [f"{prefix}-chunk-a", f"{prefix}-chunk-b", f"{prefix}-forged"]
+    tr.add(oks + list(errors))
+    payloads = [build_message([x], QUEUE).payload.encode() for x in good]
+    mixed = payloads[: len(payloads) // 2] + [raw for _, raw in items] + payloads[len(payloads) // 2 :]
+    rc.lpush(QUEUE, *mixed)
+    done = tr.wait(SETTLE_TIMEOUT_S, until=lambda: drained(rc))
+    tag = f"[{label}] "
+    out.check(tag + "all answered, queue and unacked empty (everything acked)", done,
+              {"missing": tr.missing()[:10], "queue": rc.llen(QUEUE), "unacked": unacked(rc)})
+    out.check(tag + "the worker stayed up (same pid, never exited)", w.alive() and w.pid == pid, w.pid)
+    raws = {i: rc.get(keys.result_key(i)) for i in oks + list(errors) + victims}
+    wrong = {}
+    for rid, words in errors.items():
+        msg = _error_message(raws[rid])
+        if classify(raws[rid]) != "error" or words not in str(msg):
+            wrong[rid] = msg
+    out.check(tag + "every id found in an item got an error naming the problem", not wrong, wrong)
+    out.check(tag + "the good requests and the good chunk's rows answered ok",
+              all(classify(raws[i]) == "ok" for i in oks),
+              {i: classify(raws[i]) for i in oks if classify(raws[i]) != "ok"})
+    touched = {v: _error_message(raws[v]) or "stored" for v in victims if raws[v] is not None}
+    out.check(tag + "ids only a header named got nothing stored", not touched, touched)
+    dead = [json.loads(x) for x in rc.lrange(keys.dead_letter(MODEL), 0, -1)]
+    missing_dead = {name: words for name, words in dead_want.items()
+                    if not any(words in str(d.get("reason")) and d.get("item") is not None for d in dead)}
+    out.check(tag + "every item with no usable id is on the dead-letter list with its reason", not missing_dead,
+              {"missing": missing_dead, "reasons": [str(d.get("reason"))[:100] for d in dead]})
+    out.check(tag + "nothing else on the dead-letter list", len(dead) == len(dead_want), len(dead))
+    problems = log_problems(w)
+    out.check(tag + "no safety-net log lines (engine loop errors, tracebacks)", not problems, problems)
+    # the ids only a header named are free: real requests under them get their real answers
+    client = Client(r.url(), model=MODEL)
+    tr.add(client.submit_many([good_row(v, i) for i, v in enumerate(victims)]))
+    client.close()
+    got = tr.wait(120, until=lambda: drained(rc))
+    out.check(tag + "real requests under those ids afterwards get their real ok answers",
+              got and all(classify(tr.first.get(v)) == "ok" for v in victims),
+              {v: classify(tr.first.get(v)) for v in victims})
+    out.check(tag + "the worker is still the same process at the end", w.alive() and w.pid == pid)
+    stop_all([w], out)
+    body_ids_unanswered = [f"{prefix}-hlist", f"{prefix}-nohead"]
+    out.notes[label] = {
+        "redis_url": r.url().split("?")[0],
+        "items": [name for name, _ in items],
+        "item_bytes": {name: len(raw) for name, raw in items},
+        "error_answers": {rid: (_error_message(raws[rid]) or "")[:160] for rid in errors},
+        "dead_letter_reasons": [str(d.get("reason"))[:160] for d in dead],
+        "body_ids_of_dead_lettered_items_answered": {
+            i: rc.get(keys.result_key(i)) is not None for i in body_ids_unanswered
+        },
+        **worker_notes([w]),
+    }
+    f = tr.final()
+    for k in ("requests", "answered_ok", "answered_error", "expired", "lost", "duplicate_answers_changed"):
+        setattr(out, k, getattr(out, k) + f[k])
+    if f["lost_ids"]:
+        out.notes.setdefault("lost_ids", []).extend(f["lost_ids"])
+    tr.close()
+
+
+def scenario_queue_items(s: Suite, out: Outcome) -> None:
+    """Raw queue items that are no message of ours, LPUSHed among good traffic: envelope headers as
+    a list, an unknown body_encoding, an envelope nested 100,000 deep, non-JSON bytes, a Celery
+    protocol-1 message, a headerless envelope, a body that is not base64, a header id that differs
+    from the body id, a message naming celery.backend_cleanup, chunks whose `vela2_ids` header
+    names other requests' ids, a forged `vela2_refused` header. The worker's channel takes each
+    apart before kombu and Celery see it: the worker stays up, every id found in an item gets an
+    error naming the problem, items with no usable id go to the dead-letter list with a reason,
+    ids only a header names get nothing (real requests under them later get real answers), and
+    everything is acked. Run over redis:// and again over rediss:// (TLS) when this redis-server
+    build has TLS."""
+    _run_queue_items(s, out, s.redis(), "plain")
+    if shutil.which("openssl") is None:
+        out.skip("the same items over rediss:// (TLS)", "no openssl on PATH to make the certificates")
+        return
+    try:
+        tls = s.redis(kind=TlsRedisServer)
+    except RuntimeError as e:
+        why = tls_refusal(s._procs[-1]) if isinstance(s._procs[-1], RedisServer) else None
+        if why is None:
+            raise  # TLS is built in but the server did not start: a failure, not a skip
+        out.skip("the same items over rediss:// (TLS)", f"{why} ({str(e)[:200]})")
+        return
+    out.notes["tls"] = "redis-server --port 0 --tls-port P with a self-signed CA (openssl); the worker's URL is " \
+        "rediss://127.0.0.1:P/0?ssl_cert_reqs=required&ssl_ca_certs=<ca.pem>"
+    _run_queue_items(s, out, tls, "tls")
+
+
+def scenario_deep_body(s: Suite, out: Outcome) -> None:
+    """A message whose base64 body is JSON nested 100,000 deep (and one whose request is nested
+    100 deep), submitted together with ~20 normal requests: both answered invalid_request ("nested
+    deeper than 64 levels") without the worker choking on them, and the normal ones answered
+    promptly, well before the visibility timeout."""
+    r = s.redis()
+    rc = r.client()
+    vis = max(60.0, s.visibility_for(2048, 8))
+    w = s.worker(r.url(), visibility_timeout_s=vis, max_buffered=8).wait_ready()
+    tr = Tracker(r.url())
+    base = good_row("x", 0)
+    deep1 = set_body(raw_message([{**base, "id": "deep-body"}]), ("[" * DEEP + "]" * DEEP).encode())
+    nested: Any = "leaf"
+    for _ in range(100):
+        nested = [nested]
+    deep2 = raw_message([{**base, "id": "deep-request", "text": nested}])
+    normal = good_rows("normal", s.n(20, minimum=20))
+    tr.add(["deep-body", "deep-request"] + [x["id"] for x in normal])
+    payloads = [build_message([x], QUEUE).payload for x in normal]
+    t0 = time.monotonic()
+    rc.lpush(QUEUE, json.dumps(deep1), *payloads[:10], json.dumps(deep2), *payloads[10:])
+    done = tr.wait(SETTLE_TIMEOUT_S, until=lambda: drained(rc))
+    took = time.monotonic() - t0
+    out.check("all answered and the queue drained", done)
+    out.check("the worker stayed up", w.alive())
+    normal_s = max((tr.first_at.get(x["id"], float("inf")) for x in normal), default=0.0) - (t0 - tr.t0)
+    out.check("the normal requests answered well before the visibility timeout (under a quarter of it)",
+              normal_s < vis / 4, f"{normal_s:.1f} s of {vis:g} s")
+    problems = log_problems(w)
+    out.check("no safety-net log lines (engine loop errors, tracebacks)", not problems, problems)
+    stop_all([w], out)
+    raws = out.settle(tr)
+    msgs = {i: _error_message(raws[i]) for i in ("deep-body", "deep-request")}
+    out.check("both deep messages answered invalid_request: nested deeper than 64 levels",
+              all(error_type(raws[i]) == "invalid_request" and "nested deeper than 64 levels" in str(m)
+                  for i, m in msgs.items()), msgs)
+    out.check("every normal request answered ok", all(classify(raws[x["id"]]) == "ok" for x in normal))
+    c = worker_counts(w) or {}
+    out.check("nothing redelivered or returned", c.get("duplicates_skipped") == 0 and c.get("returned") == 0, c)
+    out.notes.update(
+        {
+            "injected": f"a body of {DEEP:,} nested lists ({len(json.dumps(deep1)) / 2**10:.0f} KiB envelope) and a "
+            f"request nested 100 deep, among {len(normal)} normal requests",
+            "visibility_timeout_s": vis,
+            "normal_answered_within_s": round(normal_s, 2),
+            "deep_answered_after_s": {i: round(tr.first_at.get(i, 0) - (t0 - tr.t0), 2)
+                                      for i in ("deep-body", "deep-request")},
+            "seconds_to_answer_all": round(took, 2),
+            "error_messages": msgs,
+            **worker_notes([w]),
+        }
+    )
+
+
+class PasswordRedisServer(RedisServer):
+    """A redis-server with `--requirepass PASSWORD` (its url() carries the password)."""
+
+    PASSWORD = "right-password"
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://:{self.PASSWORD}@127.0.0.1:{self.port}/{db}"
+
+    def client(self, db: int = 0, **kw: Any) -> Any:
+        return redis_lib.Redis(host="127.0.0.1", port=self.port, db=db, password=self.PASSWORD, **kw)
+
+
+def _run_cli(argv: list[str], log_dir: Path, name: str, timeout_s: float) -> dict[str, Any]:
+    """Run a command (child environment of the harness), bounded by `timeout_s`; its exit code,
+    seconds, stderr lines and the `vela2 worker` lines among them."""
+    import subprocess
+
+    from stack.harness import ROOT, child_env, die_with_parent
+
+    err_path, out_path = log_dir / f"{name}.stderr", log_dir / f"{name}.stdout"
+    t0 = time.monotonic()
+    with open(err_path, "wb") as err, open(out_path, "wb") as outf:
+        p = subprocess.Popen(argv, stdout=outf, stderr=err, cwd=ROOT, env=child_env({"OMP_NUM_THREADS": "1"}),
+                             preexec_fn=die_with_parent)
+        try:
+            code: int | None = p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            code = None
+    seconds = time.monotonic() - t0
+    lines = err_path.read_text(errors="replace").strip().splitlines()
+    return {
+        "exit": code,
+        "seconds": round(seconds, 2),
+        "stderr_lines": len(lines),
+        "reason_lines": [x.strip()[:400] for x in lines if "vela2 worker:" in x],
+        "traceback": any("Traceback" in x for x in lines),
+    }
+
+
+def scenario_start_failures(s: Suite, out: Outcome) -> None:
+    """A worker that cannot start exits 2 at once with one line on stderr naming why (never 0, never
+    a traceback), so a supervisor sees it: `vela2 worker` with a missing checkpoint, a wrong Redis
+    password (redis-server --requirepass), a visibility timeout the worker refuses (0.001 s); and
+    `celery -A worker.app worker` with VELA2_VISIBILITY_TIMEOUT_S=0.001."""
+    r = s.redis()
+    locked = s.redis(kind=PasswordRedisServer, extra_args=("--requirepass", PasswordRedisServer.PASSWORD))
+    exe = Path(sys.executable).with_name("vela2")
+    cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "vela2.cli"]
+    cases = {
+        "missing_checkpoint": (["--checkpoint", str(s.workdir / "no-such-checkpoint"), "--redis", r.url()],
+                               "config.json does not exist", 15.0),
+        "wrong_password": (["--checkpoint", str(s.checkpoint), "--redis",
+                            f"redis://:wrong-password@127.0.0.1:{locked.port}/0"], "refuses the credentials", 15.0),
+        "visibility_0.001": (["--checkpoint", str(s.checkpoint), "--redis", r.url(), "--device", s.device,
+                              "--visibility-timeout-s", "0.001"], "visibility timeout 0.001 s is too short", 60.0),
+    }
+    results: dict[str, Any] = {}
+    for name, (args, words, limit) in cases.items():
+        got = _run_cli([*cli, "worker", *args], s.workdir, name, limit + 60)
+        results[name] = got
+        reason = got["reason_lines"]
+        out.check(f"vela2 worker, {name}: exit 2 within {limit:g} s", got["exit"] == 2 and got["seconds"] < limit,
+                  {"exit": got["exit"], "seconds": got["seconds"]})
+        out.check(f"vela2 worker, {name}: one line on stderr naming why, no traceback",
+                  len(reason) == 1 and words in reason[0] and not got["traceback"],
+                  {"reason": reason, "stderr_lines": got["stderr_lines"]})
+    w = s.worker(r.url(), visibility_timeout_s=0.001)
+    t0 = time.monotonic()
+    code = w.wait_exit(120)
+    took = time.monotonic() - t0
+    line = next((x.strip() for x in w.log().splitlines() if "cannot start" in x), None)
+    out.check("celery -A worker.app worker, VELA2_VISIBILITY_TIMEOUT_S=0.001: exit 2 with the reason logged",
+              code == 2 and line is not None and "visibility timeout 0.001 s is too short" in line,
+              {"exit": code, "line": line})
+    results["celery_visibility_0.001"] = {"exit": code, "seconds": round(took, 2), "reason_line": line}
+    out.notes.update({"command": " ".join(Path(c).name for c in cli) + " worker ...", "results": results})
 
 
 SCENARIOS: dict[str, Callable[[Suite, Outcome], None]] = {
@@ -1129,14 +1843,19 @@ SCENARIOS: dict[str, Callable[[Suite, Outcome], None]] = {
     "visibility": scenario_visibility,
     "poison": scenario_poison,
     "redis_down": scenario_redis_down,
+    "redis_full": scenario_redis_full,
+    "bad_id": scenario_bad_id,
+    "queue_items": scenario_queue_items,
+    "deep_body": scenario_deep_body,
+    "start_failures": scenario_start_failures,
 }
 
 
-def run_scenario(s: Suite, name: str) -> Outcome:
+def run_scenario(s: Suite, name: str, run: int = 1) -> Outcome:
     """Run one scenario in its own processes; an exception becomes a failed check, never a crash."""
-    out = Outcome(name)
+    out = Outcome(name, run=run)
     t0 = time.monotonic()
-    log.info("scenario %s ...", name)
+    log.info("scenario %s (run %d) ...", name, run)
     try:
         SCENARIOS[name](s, out)
     except Exception as e:
@@ -1146,8 +1865,9 @@ def run_scenario(s: Suite, name: str) -> Outcome:
         s.cleanup()
     out.seconds = round(time.monotonic() - t0, 1)
     log.info(
-        "scenario %s: %d requests, ok %d, error %d, expired %d, lost %d, changed %d in %.1f s (%s)",
+        "scenario %s (run %d): %d requests, ok %d, error %d, expired %d, lost %d, changed %d in %.1f s (%s)",
         name,
+        run,
         out.requests,
         out.answered_ok,
         out.answered_error,
@@ -1241,6 +1961,39 @@ def run_soak(s: Suite, minutes: float, sample_s: float = 5.0) -> dict[str, Any]:
 # --- the suite -------------------------------------------------------------------------------------
 
 
+HOG_MAX_S = 4 * 3600.0  # a CPU hog ends itself after this long, whatever happens to the suite
+_HOG = "import time\nend = time.monotonic() + {max_s}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@contextmanager
+def cpu_hogs(k: int, max_s: float = HOG_MAX_S) -> Iterator[list[Any]]:
+    """`k` busy-loop processes beside the suite (each one core's worth of competition), stopped by
+    their pid when the block ends; each also ends itself after `max_s` and dies with this process."""
+    import subprocess
+
+    from stack.harness import die_with_parent
+
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _HOG.format(max_s=float(max_s))], preexec_fn=die_with_parent,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(max(0, k))
+    ]
+    if procs:
+        log.info("CPU hogs running: pids %s", [x.pid for x in procs])
+    try:
+        yield procs
+    finally:
+        for x in procs:
+            if x.poll() is None:
+                x.terminate()
+        for x in procs:
+            try:
+                x.wait(10)
+            except subprocess.TimeoutExpired:
+                x.kill()
+                x.wait(10)
+
+
 @contextmanager
 def suite(checkpoint: str | None, scale: float, device: str, keep: bool = False) -> Iterator[Suite]:
     """A scratch directory and the demo checkpoint (written once, unless one is given)."""
@@ -1270,13 +2023,24 @@ def run(
     fuzz_examples: int = 500,
     soak_minutes: float = 0.0,
     keep: bool = False,
+    repeat: int = 1,
+    cpu_hog: int = 0,
 ) -> dict[str, Any]:
-    """Run the named scenarios (then fuzz and soak); returns the report."""
-    report: dict[str, Any] = {"scale": scale, "device": device, "scenarios": []}
+    """Run the named scenarios `repeat` times over (beside `cpu_hog` busy-loop processes), then
+    fuzz and soak; returns the report, which lists every run's outcome (never only the best)."""
+    report: dict[str, Any] = {
+        "scale": scale,
+        "device": device,
+        "repeat": repeat,
+        "cpu_hog": cpu_hog,
+        "command": "python -m bench.reliability " + " ".join(sys.argv[1:]),
+        "scenarios": [],
+    }
     t0 = time.monotonic()
-    with suite(checkpoint, scale, device, keep) as s:
-        for name in names:
-            report["scenarios"].append(run_scenario(s, name).to_json())
+    with suite(checkpoint, scale, device, keep) as s, cpu_hogs(cpu_hog):
+        for k in range(1, max(1, repeat) + 1):
+            for name in names:
+                report["scenarios"].append(run_scenario(s, name, run=k).to_json())
         if fuzz_examples > 0:
             from bench.fuzz import run_fuzz
 
@@ -1285,6 +2049,15 @@ def run(
             report["soak"] = run_soak(s, soak_minutes)
     report["seconds"] = round(time.monotonic() - t0, 1)
     report["lost"] = sum(x["lost"] for x in report["scenarios"])
+    report["changed"] = sum(x["duplicate_answers_changed"] for x in report["scenarios"])
+    runs: dict[str, dict[str, list[Any]]] = {}
+    for x in report["scenarios"]:
+        per = runs.setdefault(x["name"], {"lost": [], "changed": [], "passed": [], "seconds": []})
+        per["lost"].append(x["lost"])
+        per["changed"].append(x["duplicate_answers_changed"])
+        per["passed"].append(x["passed"])
+        per["seconds"].append(x["seconds"])
+    report["runs"] = runs  # per scenario, one entry per run, in order
     report["passed"] = all(x["passed"] for x in report["scenarios"]) and not report.get("fuzz", {}).get("crashes")
     if "soak" in report:
         report["passed"] = report["passed"] and report["soak"]["lost"] == 0
@@ -1302,7 +2075,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", help="checkpoint directory (default: a fresh demo checkpoint)")
     p.add_argument("--device", default="cpu", help="worker device (cuda:0 on a GPU host)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (worker and redis logs)")
+    p.add_argument("--repeat", type=int, default=1, help="run the selected scenarios this many times (every run "
+                   "is reported; exit 1 if any run lost a request or failed a check)")
+    p.add_argument("--cpu-hog", type=int, default=0, metavar="K",
+                   help="K busy-loop processes beside the scenarios (started and stopped by the suite)")
     args = p.parse_args(argv)
+    if args.repeat < 1 or args.cpu_hog < 0:
+        p.error("--repeat must be >= 1 and --cpu-hog >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.only == "none":
         names: list[str] = []
@@ -1321,18 +2100,20 @@ def main(argv: list[str] | None = None) -> int:
         fuzz_examples=args.fuzz_examples,
         soak_minutes=args.soak_minutes,
         keep=args.keep,
+        repeat=args.repeat,
+        cpu_hog=args.cpu_hog,
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
     print(
-        f"{'scenario':15s} {'requests':>8s} {'ok':>6s} {'error':>6s} {'expired':>7s} {'lost':>5s} {'changed':>7s} "
-        f"{'seconds':>7s}  result"
+        f"{'scenario':15s} {'run':>3s} {'requests':>8s} {'ok':>6s} {'error':>6s} {'expired':>7s} {'lost':>5s} "
+        f"{'changed':>7s} {'seconds':>7s}  result"
     )
     for x in report["scenarios"]:
         print(
-            f"{x['name']:15s} {x['requests']:8d} {x['answered_ok']:6d} {x['answered_error']:6d} {x['expired']:7d} "
-            f"{x['lost']:5d} {x['duplicate_answers_changed']:7d} {x['seconds']:7.1f}  "
+            f"{x['name']:15s} {x['run']:3d} {x['requests']:8d} {x['answered_ok']:6d} {x['answered_error']:6d} "
+            f"{x['expired']:7d} {x['lost']:5d} {x['duplicate_answers_changed']:7d} {x['seconds']:7.1f}  "
             f"{'passed' if x['passed'] else 'FAILED: ' + '; '.join(c['check'] for c in x['checks'] if not c['ok'])}"
         )
     if "fuzz" in report:
