@@ -57,6 +57,7 @@ class FakeWorker:
         self.go = threading.Event()  # cleared: the worker takes nothing (the queue fills up)
         self.go.set()
         self.held = 0  # rows popped, not yet answered
+        self.lock = threading.Lock()  # held while popping and while storing: queue + held is exact under it
         self.rows = 0
         self.messages = 0
         self.max_chunk = 0
@@ -70,16 +71,18 @@ class FakeWorker:
             if not self.go.wait(0.05):
                 continue
             try:
-                item = self.redis.brpop(self.queues, timeout=0.05)
+                with self.lock:
+                    item = self.redis.brpop(self.queues, timeout=0.05)
+                    if item is not None:
+                        env = decode_envelope(item[1])
+                        got = decode_delivery(message_id(env.headers) or "", env.headers, env.body, env.content_type)
+                        self.held = len(got.requests)
             except redis_lib.exceptions.ConnectionError:  # Redis restarting (BusyLoadingError included)
                 self.redis_errors += 1
                 self._stop.wait(0.05)
                 continue
             if item is None:
                 continue
-            env = decode_envelope(item[1])
-            got = decode_delivery(message_id(env.headers) or "", env.headers, env.body, env.content_type)
-            self.held = len(got.requests)
             self.max_chunk = max(self.max_chunk, len(got.requests))
             if self.delay_s:
                 time.sleep(self.delay_s)
@@ -94,14 +97,15 @@ class FakeWorker:
                 writes.append((rid, row_meta(rid, res, answer)))
             while not self._stop.is_set():
                 try:
-                    self.store.store(writes)
+                    with self.lock:
+                        self.store.store(writes)
+                        self.held = 0
                     break
                 except redis_lib.exceptions.ConnectionError:
                     self.redis_errors += 1
                     self._stop.wait(0.05)
             self.rows += len(writes)
             self.messages += 1
-            self.held = 0
 
     def stop(self) -> None:
         self._stop.set()

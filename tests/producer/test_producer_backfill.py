@@ -303,8 +303,8 @@ def test_ten_thousand_rows_never_more_than_the_window_in_flight(tmp_path, redis_
         worker.go.set()
         peak = 0
         while job.is_alive():
-            held = worker.held
-            peak = max(peak, _queued_rows(r) + held)
+            with worker.lock:  # a consistent snapshot: nothing is popped or answered meanwhile
+                peak = max(peak, _queued_rows(r) + worker.held)
             time.sleep(0.002)
         job.join()
     finally:
