@@ -168,21 +168,16 @@ class Suite:
         self._procs.append(w)
         return w
 
-    def visibility_for(
-        self, max_batch_tokens: int, max_buffered: int, delay_s: float = 0.0, margin: float = 3.0
-    ) -> float:
+    def visibility_for(self, max_batch_tokens: int, delay_s: float = 0.0, margin: float = 3.0) -> float:
         """A short visibility timeout that a worker with these settings accepts at start: the
         worker's own rule with the worst batch measured here (once per batch size), times `margin`
         (a worker measures its worst batch on a machine busy with other processes), at least 8 s."""
-        from worker.startup import buffered_batches, required_visibility_s
+        from worker.startup import required_visibility_s
 
         worst = self.worst_batch_s.get(max_batch_tokens)
         if worst is None:
             worst = self.worst_batch_s[max_batch_tokens] = _measure_worst(self.checkpoint, max_batch_tokens)
-        window = _window_tokens(self.checkpoint)
-        need = required_visibility_s(
-            BASE_SETTINGS["max_wait_ms"], buffered_batches(max_buffered, window, max_batch_tokens), worst + delay_s
-        )
+        need = required_visibility_s(BASE_SETTINGS["max_wait_ms"], worst + delay_s)
         return round(max(8.0, need * margin), 1)
 
     def cleanup(self) -> None:
@@ -215,10 +210,6 @@ def _measure_worst(checkpoint: Path, max_batch_tokens: int) -> float:
 
     settings = EngineSettings(max_batch_tokens=max_batch_tokens, precision="fp32")  # the fp32 model on this CPU
     return measure_worst_batch_s(_model(checkpoint), settings)
-
-
-def _window_tokens(checkpoint: Path) -> int:
-    return int(json.loads((Path(checkpoint) / "config.json").read_text())["max_window_tokens"])
 
 
 # --- answers -------------------------------------------------------------------------------------
@@ -548,7 +539,7 @@ def scenario_sigkill(s: Suite, out: Outcome) -> None:
     r = s.redis()
     delay = 0.3
     settings = {"max_batch_tokens": 128, "max_buffered": 6}  # 2 short rows per batch, 4 more buffered
-    vis = s.visibility_for(128, 6, delay_s=delay)
+    vis = s.visibility_for(128, delay_s=delay)
     w1 = s.worker(r.url(), env={TEST_DELAY_ENV: str(delay)}, visibility_timeout_s=vis, **settings).wait_ready()
     client = Client(r.url(), model=MODEL)
     tr = Tracker(r.url())
@@ -649,7 +640,7 @@ def scenario_redis_restart(s: Suite, out: Outcome) -> None:
     """Restart redis-server (AOF, appendfsync everysec; SIGTERM then start on the same port and
     directory) while two workers score and a producer submits; both reconnect and carry on."""
     r = s.redis(aof=True)
-    vis = s.visibility_for(2048, 8)
+    vis = s.visibility_for(2048)
     workers = start_ready(s, 2, r.url(), visibility_timeout_s=vis, max_buffered=8)
     n = s.n(1000, minimum=60)
     rows = good_rows("rr", n)
@@ -1032,7 +1023,7 @@ def scenario_visibility(s: Suite, out: Outcome) -> None:
     )
     out.notes["refusal"] = {"exit_status": code, "message": line}
     delay = 1.0
-    short = s.visibility_for(2048, 4)
+    short = s.visibility_for(2048)
     # worker 1: ~2 rows per 1 s batch and 32 buffered, so a message waits there far longer than `short`
     w1 = s.worker(
         r.url(), env={TEST_DELAY_ENV: str(delay)}, max_batch_tokens=128, max_buffered=32, visibility_timeout_s=3600
@@ -1074,7 +1065,7 @@ def scenario_poison(s: Suite, out: Outcome) -> None:
     r = s.redis()
     rc = r.client()
     settings = {"max_buffered": 2, "max_batch_tokens": 768, "max_wait_ms": 50}
-    vis = s.visibility_for(768, 2)
+    vis = s.visibility_for(768)
     env = {TEST_CRASH_ENV: "poison-"}
     tr = Tracker(r.url())
     client = Client(r.url(), model=MODEL)
@@ -1124,7 +1115,7 @@ def scenario_redis_down(s: Suite, out: Outcome) -> None:
     and everything already queued is answered."""
     r = s.redis(aof=True)
     rc = r.client(socket_timeout=5)
-    vis = s.visibility_for(2048, 8)
+    vis = s.visibility_for(2048)
     workers = start_ready(s, 2, r.url(), visibility_timeout_s=vis, max_buffered=8)
     tr = Tracker(r.url())
     client = Client(r.url(), model=MODEL)
@@ -1390,7 +1381,7 @@ def scenario_bad_id(s: Suite, out: Outcome) -> None:
     within the visibility timeout, with nothing redelivered."""
     r = s.redis()
     rc = r.client()
-    vis = max(120.0, s.visibility_for(2048, 8))
+    vis = max(120.0, s.visibility_for(2048))
     workers = start_ready(s, 2, r.url(), visibility_timeout_s=vis, max_buffered=8)
     tr = Tracker(r.url())
     n = s.n(300, minimum=20)
@@ -1705,7 +1696,7 @@ def scenario_deep_body(s: Suite, out: Outcome) -> None:
     promptly, well before the visibility timeout."""
     r = s.redis()
     rc = r.client()
-    vis = max(60.0, s.visibility_for(2048, 8))
+    vis = max(60.0, s.visibility_for(2048))
     w = s.worker(r.url(), visibility_timeout_s=vis, max_buffered=8).wait_ready()
     tr = Tracker(r.url())
     base = good_row("x", 0)

@@ -54,6 +54,7 @@ class ScoreTask(Task):
                 ack=partial(ack, log, errors),
                 reject=lambda requeue: reject(log, errors, requeue=requeue),
                 backfill=keys.is_backfill_queue(str((message.delivery_info or {}).get("routing_key", ""))),
+                tag=message.delivery_tag,
             )
             engine = getattr(app, "vela2_engine", None)
             if engine is None:

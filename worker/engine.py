@@ -70,6 +70,7 @@ class Delivery:
     content_type: str | None = "application/json"
     received: float = field(default_factory=time.monotonic)
     backfill: bool = False  # from the backfill queue: its batches yield to online ones
+    tag: str | None = None  # the broker's delivery tag (its visibility lease is renewed while held)
 
 
 @dataclass(eq=False)
@@ -161,6 +162,7 @@ class Engine:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_stored: Callable[[list[tuple[str, str, dict[str, Any]]]], None] | None = None,
+        leases: Any = None,
     ):
         if pipeline is None:
             import vela2.pipeline as pipeline  # the model stack; tests inject a fake
@@ -173,6 +175,8 @@ class Engine:
         self.pipeline = pipeline
         self.metrics = metrics or Metrics()
         self.on_stored = on_stored  # called in the engine thread with (id, status, meta) of stored results
+        self.leases = leases  # worker.leases.Leases (hold / release per delivery tag), or None
+        self.progress = clock()  # when the loop last turned or ran a batch (leases stop if it stalls)
         self.clock = clock
         self.stats = EngineStats()
         self._buckets: Buckets[_Seq] = Buckets(
@@ -224,6 +228,8 @@ class Engine:
                 log.error("engine still busy after the shutdown timeout (%.0f s); returning what it holds", timeout_s)
                 self._return_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.leases is not None:
+            self.leases.stop()
         log.info("vela2 engine stopped: %s", self.stats.summary())
         log.info("%s%s", STATS_LOG_PREFIX, json.dumps(self.stats.to_dict(), separators=(",", ":")))
         return self.stats
@@ -234,6 +240,7 @@ class Engine:
         ran_batch = False
         while True:
             try:
+                self.progress = self.clock()
                 self._turn(0.0 if ran_batch else self._wait_s())
                 if self._stopping and (not self._messages or self.clock() >= self._stop_deadline):
                     if self._events.empty():
@@ -339,6 +346,8 @@ class Engine:
         mid = messages.message_id(d.headers)
         msg = _Message(d, mid or "(no id)", chunk=False)
         self._messages.add(msg)
+        if self.leases is not None:
+            self.leases.hold(d.tag)
         if mid is None or keys.id_problem(mid):
             reason = f"message id {keys.id_problem(mid) or 'is missing'}"
             log.error("queue item dead-lettered: %s", reason)
@@ -533,6 +542,7 @@ class Engine:
         items = [it for it in items if not it.req.closed]  # a row failed in an earlier half
         if not items:
             return
+        self.progress = self.clock()  # each batch is progress: leases keep renewing through long requests
         t0 = self.clock()
         for it in items:
             if it.req.started is None:
@@ -704,6 +714,8 @@ class Engine:
             msg.finalized = True
         self._messages.discard(msg)
         self.stats.messages_acked += 1
+        if self.leases is not None:
+            self.leases.release(msg.delivery.tag)
         msg.delivery.ack()
 
     def _return_all(self) -> None:
@@ -718,6 +730,8 @@ class Engine:
                 msg.finalized = True
             self._messages.discard(msg)
             self.stats.messages_returned += 1
+            if self.leases is not None:
+                self.leases.release(msg.delivery.tag)
             try:
                 msg.delivery.reject(True)
             except Exception as e:

@@ -55,7 +55,8 @@ class WorkerSettings:
     checkpoint: str | None = setting(None, "checkpoint directory (required)")
     device: str = setting("cpu", "cuda:0, cpu, ...: one worker process per device")
     dtype: str | None = setting(None, "backbone dtype; default bfloat16 for bf16, else float32", choices=DTYPES)
-    visibility_timeout_s: float = setting(3600.0, "unacked messages return to the queue after this long")
+    visibility_timeout_s: float = setting(3600.0, "a dead worker's messages return to the queue after this long "
+                                                  "(a live worker renews what it holds)")
     max_buffered: int = setting(256, "messages the worker holds at once (the broker prefetch count)")
     result_expires_s: int = setting(DEFAULT_RESULT_EXPIRES_S, "TTL of stored results")
     shutdown_timeout_s: float = setting(60.0, "warm shutdown: finish what is held within this, return the rest")

@@ -1,11 +1,14 @@
 """Worker start-up: load the model, measure the worst batch, check the visibility timeout against
-it, start the engine.
+it, start the engine and its visibility leases.
 
-The visibility rule: kombu's Redis transport hands an unacked message to another worker once the
-visibility timeout passes, so a worker must never hold a message that long. A message waits at most
-max_wait, then behind every batch a full buffer needs; the worker measures its worst batch (a full
+The visibility rule: kombu's Redis transport hands an unacked message to another worker once its
+delivery is older than the visibility timeout. The worker renews the delivery of every message it
+holds while its engine makes progress (worker.leases: every quarter of the timeout), so a message
+held behind a deep buffer or a request of thousands of windows is never handed out twice; the
+engine counts as stalled (and stops renewing) after a whole timeout without a turn or a batch. So
+one batch must fit in the timeout with room to spare: the worker measures its worst batch (a full
 `max_batch_tokens` of its longest windows) at start and refuses a visibility timeout shorter than
-max_wait + (buffered batches + 1) x worst batch x 2.
+max(MIN_VISIBILITY_S, max_wait + 4 x worst batch).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from vela2.wire.results import ResultStore
 from worker import faults
 from worker.engine import Engine
 from worker.faults import WARMUP_ID
+from worker.leases import Leases
 from worker.metrics import Metrics
 from worker.settings import EngineSettings, WorkerSettings, env_name
 
@@ -122,8 +126,7 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     engine_settings = settings.engine_settings()
     pipeline = faults.wrap(vela2.pipeline)
     worst_s = measure_worst_batch_s(model, engine_settings, pipeline)
-    batches = buffered_batches(settings.max_buffered, model.config.max_window_tokens, settings.engine.max_batch_tokens)
-    check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, batches, worst_s)
+    check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, worst_s)
     client = redis.Redis.from_url(settings.redis_url)
     store = ResultStore(client, settings.result_expires_s)
     metrics = Metrics(row_tokens=settings.engine.row_tokens)
@@ -131,8 +134,12 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
                             redis=client, queues=keys.queues(model.name))
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
-    engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored)
+    leases = Leases(redis.Redis.from_url(settings.redis_url), settings.visibility_timeout_s,
+                    progress=lambda: engine.progress)
+    engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored,
+                    leases=leases)
     engine.start()
+    leases.start()
     log.info(
         "vela2 engine ready: model %s on %s (%s), max_batch_tokens %d, max_wait_ms %g, worst batch %.3f s, "
         "visibility timeout %g s, max_buffered %d, queues %s",
@@ -194,25 +201,21 @@ def _synchronize(model: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def buffered_batches(max_buffered: int, max_window_tokens: int, max_batch_tokens: int) -> int:
-    """Batches a full buffer needs in the worst case for single-window rows: every buffered message
-    a row of max_window_tokens tokens."""
-    per_batch = max(1, max_batch_tokens // max(1, max_window_tokens))
-    return -(-max(1, max_buffered) // per_batch)
+MIN_VISIBILITY_S = 5.0  # below this the leases' renewals (a quarter of it) leave no room for a slow Redis
 
 
-def required_visibility_s(max_wait_ms: float, batches: int, worst_batch_s: float) -> float:
-    """The least visibility timeout: max_wait + (buffered batches + 1) x worst batch x 2."""
-    return max_wait_ms / 1e3 + (batches + 1) * worst_batch_s * 2
+def required_visibility_s(max_wait_ms: float, worst_batch_s: float) -> float:
+    """The least visibility timeout: max(MIN_VISIBILITY_S, max_wait + 4 x worst batch)."""
+    return max(MIN_VISIBILITY_S, max_wait_ms / 1e3 + 4 * worst_batch_s)
 
 
-def check_visibility(visibility_timeout_s: float, max_wait_ms: float, batches: int, worst_batch_s: float) -> None:
-    """Refuse to start (ConfigError) when a message could outlive the visibility timeout while this
-    worker still holds it (it would be redelivered to another worker and scored twice)."""
-    need = required_visibility_s(max_wait_ms, batches, worst_batch_s)
-    if visibility_timeout_s <= need:
+def check_visibility(visibility_timeout_s: float, max_wait_ms: float, worst_batch_s: float) -> None:
+    """Refuse to start (ConfigError) when one batch could keep the engine from progressing for a
+    whole visibility timeout (its leases would stop and its messages go to another worker)."""
+    need = required_visibility_s(max_wait_ms, worst_batch_s)
+    if visibility_timeout_s < need:
         raise ConfigError(
-            f"visibility timeout {visibility_timeout_s:g} s is too short: it must exceed max_wait "
-            f"{max_wait_ms / 1e3:g} s + ({batches} buffered batches + 1) x worst batch {worst_batch_s:.3f} s "
-            f"x 2 = {need:.1f} s; raise --visibility-timeout-s, or lower --max-batch-tokens / max_buffered"
+            f"visibility timeout {visibility_timeout_s:g} s is too short: it must be at least "
+            f"max({MIN_VISIBILITY_S:g} s, max_wait {max_wait_ms / 1e3:g} s + 4 x worst batch {worst_batch_s:.3f} s)"
+            f" = {need:.1f} s; raise --visibility-timeout-s, or lower --max-batch-tokens"
         )

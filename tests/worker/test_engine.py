@@ -415,3 +415,36 @@ def test_a_result_redis_will_not_take_becomes_a_storage_error_and_full_redis_is_
     assert res["small"].status == Status.ok
     assert res["huge"].status == Status.error and res["huge"].error.type == "storage_error"
     assert calls["full"] == 0
+
+
+def test_the_engine_holds_a_lease_on_each_message_until_it_is_acked_or_returned(redis):
+    class Leases:
+        def __init__(self):
+            self.held: set[str] = set()
+            self.seen: list[str] = []
+
+        def hold(self, tag):
+            self.held.add(tag)
+            self.seen.append(tag)
+
+        def release(self, tag):
+            self.held.discard(tag)
+
+        def stop(self):
+            pass
+
+    leases = Leases()
+    model = SimpleNamespace(name="fake", calibration=Calibration())
+    pipe = FakePipeline(delay_s=0.3)
+    engine = Engine(model, ResultStore(redis), EngineSettings(max_batch_tokens=40, max_wait_ms=5.0), pipeline=pipe,
+                    leases=leases)
+    engine.start()
+    broker = Broker(redis)
+    for i in range(6):
+        d = broker.delivery([row(f"l{i}")])
+        d.tag = f"tag-{i}"
+        engine.submit(d)
+    broker.wait(1)
+    engine.stop(0.0)  # some acked, the rest returned: every lease released either way
+    assert sorted(leases.seen) == [f"tag-{i}" for i in range(6)] and leases.held == set()
+    assert engine.progress > 0

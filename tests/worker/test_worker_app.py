@@ -12,7 +12,7 @@ from vela2.errors import ConfigError
 from worker import settings as worker_settings
 from worker.app import create_app
 from worker.settings import EngineSettings, WorkerSettings, env_name, specs
-from worker.startup import buffered_batches, check_visibility, required_visibility_s
+from worker.startup import MIN_VISIBILITY_S, check_visibility, required_visibility_s
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {spec.name: spec.env for spec in specs()}
@@ -88,12 +88,12 @@ def test_the_app_imports_without_a_checkpoint():
 
 
 def test_the_visibility_rule_names_every_number():
-    assert buffered_batches(max_buffered=256, max_window_tokens=512, max_batch_tokens=16384) == 8
-    assert buffered_batches(max_buffered=3, max_window_tokens=4096, max_batch_tokens=2048) == 3
-    assert required_visibility_s(20, 8, 1.5) == pytest.approx(0.02 + 9 * 1.5 * 2)
-    check_visibility(28, 20, 8, 1.5)
+    assert required_visibility_s(20, 1.5) == pytest.approx(0.02 + 4 * 1.5)
+    assert required_visibility_s(20, 0.01) == MIN_VISIBILITY_S  # never below the floor
+    check_visibility(6.02, 20, 1.5)
     with pytest.raises(ConfigError) as e:
-        check_visibility(20, 20, 8, 1.5)
+        check_visibility(6.0, 20, 1.5)
     msg = str(e.value)
-    for part in ("visibility timeout 20 s", "max_wait 0.02 s", "8 buffered batches", "1.500 s", "27.0 s"):
+    for part in ("visibility timeout 6 s is too short", "max(5 s", "max_wait 0.02 s", "4 x worst batch 1.500 s",
+                 "= 6.0 s"):
         assert part in msg

@@ -231,7 +231,7 @@ def test_worker_refuses_a_visibility_timeout_shorter_than_its_worst_case(redis_u
     assert worker.wait_exit(120) == 2  # never 0: a supervisor restarting on failure sees it
     log = worker.log()
     assert "vela2 worker: cannot start: visibility timeout 0.5 s is too short" in log
-    assert "buffered batches" in log and "worst batch" in log
+    assert "4 x worst batch" in log and "max(5 s" in log
 
 
 def test_sigkill_with_requests_buffered_and_mid_batch_then_another_worker_answers_all(redis_url, start_worker):

@@ -1,0 +1,96 @@
+"""Visibility leases: a live worker keeps the messages it holds from being handed to another worker.
+
+kombu's Redis transport records each delivered message in the `unacked_index` sorted set, scored
+with its delivery time, and any worker's periodic sweep puts a message back on its queue once that
+score is older than the visibility timeout. A long request (thousands of windows) or a deep buffer
+could outlast any fixed timeout and be scored twice; and a long timeout makes a dead worker's
+messages wait that long. So while the engine makes progress, a small thread re-scores the
+messages it holds to "now" every quarter of the visibility timeout (ZADD XX: an acked message is
+never re-added). A dead worker stops renewing, and its messages come back one visibility timeout
+later; a stalled engine (no turn for a whole visibility timeout, e.g. a hung device) stops renewing
+too, so its messages go to a live worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vela2.wire import keys
+
+log = logging.getLogger(__name__)
+
+_MAX_INTERVAL_S = 30.0  # renew at least this often, however long the visibility timeout
+_CHUNK = 1000  # tags per ZADD
+
+
+class Leases:
+    """The delivery tags an engine holds, renewed from a thread of their own."""
+
+    def __init__(self, redis: Any, visibility_timeout_s: float, progress: Callable[[], float] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.redis = redis
+        self.visibility_timeout_s = float(visibility_timeout_s)
+        self.interval_s = max(0.2, min(_MAX_INTERVAL_S, self.visibility_timeout_s / 4))
+        self.progress = progress  # when the engine last made progress (clock seconds); None: always
+        self.clock = clock
+        self.renewals = 0  # ZADD rounds done (tests read it)
+        self._tags: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, tag: str | None) -> None:
+        if tag:
+            with self._lock:
+                self._tags.add(tag)
+
+    def release(self, tag: str | None) -> None:
+        if tag:
+            with self._lock:
+                self._tags.discard(tag)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="vela2-leases", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def stalled(self) -> bool:
+        """True when the engine has made no progress for a whole visibility timeout."""
+        return self.progress is not None and self.clock() - self.progress() > self.visibility_timeout_s
+
+    def renew(self) -> int:
+        """Re-score every held message to now (one pipelined round trip); returns how many."""
+        with self._lock:
+            tags = list(self._tags)
+        if not tags:
+            return 0
+        now = time.time()  # kombu scores with wall-clock time
+        pipe = self.redis.pipeline(transaction=False)
+        for k in range(0, len(tags), _CHUNK):
+            pipe.zadd(keys.UNACKED_INDEX_KEY, {t: now for t in tags[k : k + _CHUNK]}, xx=True)
+        pipe.execute()
+        self.renewals += 1
+        return len(tags)
+
+    def _run(self) -> None:
+        warned = False
+        while not self._stop.wait(self.interval_s):
+            if self.stalled():
+                if not warned:
+                    log.error("the engine made no progress for %.0f s: no longer renewing its %d messages' "
+                              "visibility, so other workers take them", self.visibility_timeout_s, len(self._tags))
+                    warned = True
+                continue
+            warned = False
+            try:
+                self.renew()
+            except Exception as e:  # Redis away: the next round tries again (the timeout is 4 rounds away)
+                log.warning("renewing the visibility of %d messages failed: %s", len(self._tags), e)
