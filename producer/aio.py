@@ -30,7 +30,6 @@ import redis.asyncio as aioredis
 from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
-    State,
     expired_answer,
     expired_row,
     pack_messages,
@@ -38,14 +37,19 @@ from producer.client import (
     prepare_request,
     queue_commands,
     result_expired_error,
-    split_state,
-    state_keys,
-    state_of,
 )
 from vela2.schemas import RowResult
 from vela2.wire.keys import queue_name, result_key
 from vela2.wire.messages import Message, deadline_to_expires
-from vela2.wire.results import DEFAULT_SUBMITTED_TTL_S, marker_says_answered, parse_answer, parse_meta
+from vela2.wire.results import (
+    DEFAULT_SUBMITTED_TTL_S,
+    State,
+    parse_answer,
+    parse_meta,
+    split_state,
+    state_keys,
+    state_of,
+)
 
 POLL_MIN_S = 0.005  # first pause after a poll that found nothing
 POLL_MAX_S = 0.1  # longest pause while waiting (the latency added to a late result)
@@ -120,7 +124,7 @@ class _Poller:
                 continue
             found = False
             for rid, (raw, marker) in got.items():
-                value = raw if raw is not None else EXPIRED if marker_says_answered(marker) else None
+                value = EXPIRED if state_of(raw, marker) == "expired" else raw
                 if value is not None:
                     found = True
                     for fut in self._waiting.pop(rid, []):

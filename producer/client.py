@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 import redis as redis_lib
 from pydantic import BaseModel
@@ -48,9 +48,12 @@ from vela2.wire.messages import Message, build_message, deadline_to_expires, wit
 from vela2.wire.results import (
     DEFAULT_SUBMITTED_TTL_S,
     MARK_SUBMITTED_SCRIPT,
-    marker_says_answered,
+    State,
     parse_answer,
     parse_meta,
+    split_state,
+    state_keys,
+    state_of,
 )
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -59,28 +62,7 @@ _POLL_START_S = 0.005  # first poll interval of results_many; doubles up to _POL
 _POLL_MAX_S = 0.2
 
 
-State = Literal["answered", "pending", "expired", "unknown"]
 RESULT_EXPIRED = ResultExpired.code  # the error.type of an expired id in results_many / answers_many
-
-
-def state_keys(ids: list[str]) -> list[str]:
-    """The keys one MGET reads for `ids`: every result key, then every submitted marker key."""
-    return [result_key(rid) for rid in ids] + [submitted_key(rid) for rid in ids]
-
-
-def split_state(ids: list[str], values: list[Any]) -> dict[str, tuple[Any, Any]]:
-    """The reply of MGET(state_keys(ids)) as id -> (raw result, raw marker)."""
-    n = len(ids)
-    return {rid: (values[i], values[n + i]) for i, rid in enumerate(ids)}
-
-
-def state_of(raw_result: Any, raw_marker: Any) -> State:
-    """What a result key and a marker key say about a request (see the module docstring)."""
-    if raw_result is not None:
-        return "answered"
-    if marker_says_answered(raw_marker):
-        return "expired"
-    return "pending" if raw_marker is not None else "unknown"
 
 
 def result_expired_error(request_id: str) -> ResultExpired:
@@ -281,7 +263,7 @@ class Client:
     def _read_one(self, request_id: str, parse: Any) -> Any:
         """The parsed result now, or None; raises ResultExpired when the answer came and went."""
         raw, marker = self.redis.mget(state_keys([request_id]))
-        if raw is None and marker_says_answered(marker):
+        if state_of(raw, marker) == "expired":
             raise result_expired_error(request_id)
         return parse(raw)
 
@@ -336,9 +318,7 @@ class Client:
         while missing:
             still = []
             for rid, (raw, marker) in split_state(missing, self.redis.mget(state_keys(missing))).items():
-                value = parse(raw)
-                if value is None and raw is None and marker_says_answered(marker):
-                    value = expired(rid)
+                value = expired(rid) if state_of(raw, marker) == "expired" else parse(raw)
                 if value is None:
                     still.append(rid)
                 else:

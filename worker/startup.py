@@ -19,7 +19,8 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from kombu.utils.url import maybe_sanitize_url
 
 from vela2.errors import ConfigError, Vela2Error
 from vela2.wire import keys
@@ -58,16 +59,6 @@ def preflight(settings: WorkerSettings) -> None:
     check_redis(settings.redis_url, settings.redis_wait_s)
 
 
-def redact(url: str) -> str:
-    """A Redis URL without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def check_redis(url: str, wait_s: float) -> None:
     """PING Redis: wait up to `wait_s` for it to answer (it may start after the worker), but fail
     at once (after a few quick tries) when it refuses the credentials."""
@@ -86,19 +77,19 @@ def check_redis(url: str, wait_s: float) -> None:
                     redis.exceptions.NoPermissionError) as e:
                 auth_tries += 1
                 if auth_tries >= _AUTH_TRIES:
-                    raise ConfigError(f"Redis at {redact(url)} refuses the credentials: {e}") from None
+                    raise ConfigError(f"Redis at {maybe_sanitize_url(url)} refuses the credentials: {e}") from None
             except redis.exceptions.ResponseError as e:
                 if "NOAUTH" in str(e) or "WRONGPASS" in str(e):
-                    raise ConfigError(f"Redis at {redact(url)} refuses the credentials: {e}") from None
-                raise ConfigError(f"Redis at {redact(url)} answers PING with an error: {e}") from None
+                    raise ConfigError(f"Redis at {maybe_sanitize_url(url)} refuses the credentials: {e}") from None
+                raise ConfigError(f"Redis at {maybe_sanitize_url(url)} answers PING with an error: {e}") from None
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                     redis.exceptions.BusyLoadingError) as e:
                 if time.monotonic() >= deadline:
-                    raise ConfigError(f"Redis at {redact(url)} did not answer within {wait_s:g} s "
+                    raise ConfigError(f"Redis at {maybe_sanitize_url(url)} did not answer within {wait_s:g} s "
                                       f"(redis_wait_s): {e}") from None
                 if time.monotonic() - last_log >= 10:
                     last_log = time.monotonic()
-                    log.warning("waiting for Redis at %s: %s", redact(url), e)
+                    log.warning("waiting for Redis at %s: %s", maybe_sanitize_url(url), e)
             time.sleep(0.3)
     finally:
         client.close()

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from vela2 import errors
 from vela2.schemas import RowResult, Status
@@ -249,3 +249,28 @@ return 0
 def marker_says_answered(raw: bytes | str | None) -> bool:
     """True for a submitted marker that the worker turned into the "answered" tombstone."""
     return raw is not None and (raw.decode() if isinstance(raw, bytes) else raw) == ANSWERED
+
+
+# --- the state of a request: its result key and its submitted marker, read together ---------
+
+State = Literal["answered", "pending", "expired", "unknown"]
+def state_keys(ids: list[str]) -> list[str]:
+    """The keys one MGET reads for `ids`: every result key, then every submitted marker key."""
+    return [result_key(rid) for rid in ids] + [submitted_key(rid) for rid in ids]
+
+
+def split_state(ids: list[str], values: list[Any]) -> dict[str, tuple[Any, Any]]:
+    """The reply of MGET(state_keys(ids)) as id -> (raw result, raw marker)."""
+    n = len(ids)
+    return {rid: (values[i], values[n + i]) for i, rid in enumerate(ids)}
+
+
+def state_of(raw_result: Any, raw_marker: Any) -> State:
+    """What a result key and a submitted marker say about a request: "answered" (a result is
+    stored), "expired" (the marker says answered, the result is gone), "pending" (a marker naming
+    its queue) or "unknown" (neither)."""
+    if raw_result is not None:
+        return "answered"
+    if marker_says_answered(raw_marker):
+        return "expired"
+    return "pending" if raw_marker is not None else "unknown"
