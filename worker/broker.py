@@ -1,15 +1,22 @@
 """kombu's Redis transport, made safe for a fleet: no queue item can kill a worker, and no message
 is lost when Redis refuses writes (full under noeviction) or goes away mid-delivery.
 
-- Every item BRPOP hands over is looked at first (vela2.wire.messages.triage): anything that is not
-  a protocol-2 message of ours (not JSON, nested too deep, headers not an object, another task,
-  protocol 1, an unknown body encoding...) is wrapped so the engine answers the ids found in it or
-  dead-letters it, acking only after that is stored. Celery's built-in tasks are never run.
-- Recording a taken message in kombu's `unacked` hash is retried until Redis accepts it: a
-  message BRPOP took is then in neither the queue nor `unacked` only in this process's memory,
-  for as long as Redis refuses the write (full, or restarting) — never dropped. While it waits the
-  worker logs once per interval and the metric `vela2_redis_write_blocked_seconds` says how long it
-  has waited (worker.retry).
+- Taking is one atomic step (vela2.wire.taking): a Lua script pops up to a QoS-credit's worth of
+  items from the queue lists, in kombu's priority order, and records each in the `unacked` hash and
+  index under a fresh tag, in one round trip. Where kombu sends BRPOP, the channel sends that
+  script; when it finds nothing, the channel blocks with `BLMOVE q q LEFT LEFT` on the first list
+  (a no-op move that only waits for an item) and takes again when it returns — so an arrival on
+  the first list (online, priority 0) is taken at once and one on any other list within
+  `brpop_timeout` (1 s). A message is never in neither the queue nor `unacked`: not when the worker
+  dies, and not when Redis exits between a pop and its reply (which lost BRPOP's messages). While
+  Redis is full the script is refused before it takes anything; the worker waits, logging once per
+  interval and setting `vela2_redis_write_blocked_seconds` (worker.retry).
+- A restore (warm shutdown, a timed-out delivery) puts the held item back, byte for byte, on the
+  list it came from, in one script.
+- Every taken item is looked at before kombu parses it (vela2.wire.messages.triage): anything that
+  is not a protocol-2 message of ours (not JSON, nested too deep, headers not an object, another
+  task, protocol 1, an unknown body encoding...) is wrapped so the engine answers the ids found in
+  it or dead-letters it, acking only after that is stored. Celery's built-in tasks are never run.
 - The periodic restore of timed-out messages is skipped while Redis refuses writes (it takes a
   lock with SET NX), instead of stopping the worker; binding a queue at start-up waits like a write.
 """
@@ -17,23 +24,36 @@ is lost when Redis refuses writes (full under noeviction) or goes away mid-deliv
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 
-from vela2.wire import messages
-from worker.retry import BLOCKED, RETRY_ERRORS, until_written
+from vela2.wire import messages, taking
+from worker.retry import BLOCKED, REFUSED_ERRORS, RETRY_ERRORS, until_written
 
 log = logging.getLogger(__name__)
 
+TAKE_MAX = 64  # items one take may return (fewer when the QoS credit is lower)
+_REFUSED_PAUSE_S = 0.5  # after Redis refused a take (full), the next one waits this long
+
+
 class TolerantQoS(kombu_redis.QoS):
-    """kombu's QoS with the unacked write retried and the restore sweep skipped while refused."""
+    """kombu's QoS over the take script's records: nothing to write when a message is delivered
+    (the take recorded it), restores by one script, the restore sweep skipped while refused."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
-        until_written(lambda: super(TolerantQoS, self).append(message, delivery_tag),
-                      f"recording delivery {delivery_tag} in unacked")
+        virtual.QoS.append(self, message, delivery_tag)  # held in this process; Redis has it already
+
+    def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
+        with self.channel.conn_or_acquire(client) as c:
+            done = c.eval(taking.RESTORE_SCRIPT, 2, self.unacked_key, self.unacked_index_key, tag, int(leftmost))
+        if done == -1:  # recorded by kombu itself (a worker of an earlier version)
+            super().restore_by_tag(tag, client, leftmost)
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
         try:
@@ -43,33 +63,86 @@ class TolerantQoS(kombu_redis.QoS):
 
 
 class TolerantChannel(kombu_redis.Channel):
-    """kombu's Redis channel with every queue item triaged before kombu parses it."""
+    """kombu's Redis channel taking by the atomic take script, every item triaged."""
 
     QoS = TolerantQoS
+    _sent: str | None = None  # the command awaiting its reply on the polling connection
+    _wait_next = False  # the last take found nothing: wait on the first list before the next
+    _refused_until = 0.0  # monotonic time before which no take is sent (Redis refused the last)
+
+    def _take_lists(self, queues: list[str]) -> list[str]:
+        # kombu's BRPOP order: every queue's priority-0 list first, then priority 3, 6, 9
+        return [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
+
+    def _take_args(self, lists: list[str], most: int) -> tuple[Any, ...]:
+        return ("EVAL", taking.TAKE_SCRIPT, 2 + len(lists), self.qos.unacked_key, self.qos.unacked_index_key,
+                *lists, repr(time.time()), most, uuid.uuid4().hex)
+
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues or time.monotonic() < self._refused_until:
+            return  # the poller calls again on its next turn
+        lists = self._take_lists(queues)
+        if self._wait_next:
+            args: tuple[Any, ...] = ("BLMOVE", lists[0], lists[0], "LEFT", "LEFT", timeout or self.brpop_timeout or 1)
+        else:
+            credit = self.qos.can_consume_max_estimate()
+            args = self._take_args(lists, TAKE_MAX if credit is None else max(1, min(TAKE_MAX, credit)))
+        self._sent = args[0]
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
+        self.client.connection.send_command(*args)
 
     def _brpop_read(self, **options: Any) -> bool:
-        # kombu's own _brpop_read (5.7), with vela2.wire.messages.triage in place of its bare loads()
+        sent, self._sent = self._sent, None
         try:
             try:
-                dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+                reply = self.client.parse_response(self.client.connection, sent or "EVAL", **options)
             except self.connection_errors:
                 self.client.connection.disconnect()
                 raise
-            if not dest__item:
+            except REFUSED_ERRORS as e:  # full or loading: the script took nothing
+                BLOCKED.refused("taking messages", e)
+                self._refused_until = time.monotonic() + _REFUSED_PAUSE_S
+                raise kombu_redis.Empty() from None
+            if sent == "BLMOVE":  # an item arrived on the first list, or the wait timed out: take next
+                self._wait_next = False
                 raise kombu_redis.Empty()
-            dest, item = dest__item
-            dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
-            self._queue_cycle.rotate(dest)
-            checked = messages.triage(item, dest)
-            if checked.refused is not None:
-                log.warning("queue item on %s refused: %s", dest, checked.refused)
-            self.connection._deliver(checked.envelope, dest)
+            self._wait_next = not reply
+            if not reply:
+                raise kombu_redis.Empty()
+            if BLOCKED.since is not None:
+                BLOCKED.accepted()
+            for i in range(0, len(reply), 3):
+                self._deliver_taken(reply[i], reply[i + 1], reply[i + 2])
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]  # as kombu resets it
             flush = getattr(self, "_flush_brpop_reauth", None)
             if flush is not None:
                 flush()
+
+    def _deliver_taken(self, list_key: bytes, tag: bytes, item: bytes) -> None:
+        dest = bytes_to_str(list_key).rsplit(self.sep, 1)[0]
+        checked = messages.triage(item, dest, bytes_to_str(tag))
+        if checked.refused is not None:
+            log.warning("queue item on %s refused: %s", dest, checked.refused)
+        try:
+            self.connection._deliver(checked.envelope, dest)
+        except Exception:  # it stays held in Redis and comes back after the visibility timeout
+            log.exception("delivering message %s failed", bytes_to_str(tag))
+
+    def _get(self, queue: str, timeout: Any = None) -> dict[str, Any]:
+        # basic_get: one item by the same take script
+        with self.conn_or_acquire() as client:
+            reply = client.execute_command(*self._take_args(self._take_lists([queue]), 1))
+        if not reply:
+            raise kombu_redis.Empty()
+        list_key, tag, item = reply
+        return messages.triage(item, bytes_to_str(list_key).rsplit(self.sep, 1)[0], bytes_to_str(tag)).envelope
+
+    def _restore(self, message: Any, leftmost: bool = False) -> None:
+        self.qos.restore_by_tag(message.delivery_tag, leftmost=leftmost)
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
         until_written(lambda: super(TolerantChannel, self)._queue_bind(exchange, routing_key, pattern, queue),

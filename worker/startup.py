@@ -23,7 +23,7 @@ from typing import Any
 from kombu.utils.url import maybe_sanitize_url
 
 from vela2.errors import ConfigError, Vela2Error
-from vela2.wire import keys
+from vela2.wire import keys, taking
 from vela2.wire.results import ResultStore
 from worker import faults
 from worker.engine import Engine
@@ -61,7 +61,8 @@ def preflight(settings: WorkerSettings) -> None:
 
 def check_redis(url: str, wait_s: float) -> None:
     """PING Redis: wait up to `wait_s` for it to answer (it may start after the worker), but fail
-    at once (after a few quick tries) when it refuses the credentials."""
+    at once (after a few quick tries) when it refuses the credentials, and when it is older than
+    the queues need (vela2.wire.taking.MIN_REDIS_VERSION)."""
     import redis
 
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
@@ -72,6 +73,9 @@ def check_redis(url: str, wait_s: float) -> None:
         while True:
             try:
                 client.ping()
+                problem = taking.version_problem(str(client.info("server").get("redis_version", "")))
+                if problem:
+                    raise ConfigError(f"{problem} (at {maybe_sanitize_url(url)})")
                 return
             except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
                     redis.exceptions.NoPermissionError) as e:

@@ -120,27 +120,28 @@ def _item(**change):
     (_item(headers__compression="application/x-gzip"), "compressed", ["r-1"]),
 ])
 def test_triage_wraps_what_is_no_message_of_ours(item, reason, ids):
-    t = triage(item, Q)
+    t = triage(item, Q, "tag-1")
     assert t.refused is not None and reason in t.refused
     env = t.envelope
     assert env["headers"]["task"] == keys.TASK_NAME and env["headers"][REFUSED_HEADER] == t.refused
     assert refused_ids(env["headers"]) == ids
-    assert env["properties"]["delivery_info"]["routing_key"] == Q
+    assert env["properties"]["delivery_info"]["routing_key"] == Q and env["properties"]["delivery_tag"] == "tag-1"
     raw = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
     assert base64.b64decode(env["body"]) == raw  # the item itself travels on, for the dead-letter list
 
 
 def test_triage_passes_our_messages_and_pins_the_routing_key():
     t = triage(_item(properties__delivery_info={"exchange": "x", "routing_key": "elsewhere"},
-                     headers__vela2_refused="forged"), Q)
+                     headers__vela2_refused="forged"), Q, "tag-1")
     assert t.refused is None and t.envelope["properties"]["delivery_info"] == {"exchange": "", "routing_key": Q}
+    assert t.envelope["properties"]["delivery_tag"] == "tag-1"  # the take's tag, never the item's
     assert REFUSED_HEADER not in t.envelope["headers"]
 
 
 def test_protocol_1_messages_are_refused_under_their_id():
     body = base64.b64encode(json.dumps({"task": "vela2.score", "id": "p1", "args": [ROW]}).encode()).decode()
     item = json.dumps({"body": body, "properties": {"delivery_tag": "t", "body_encoding": "base64"}})
-    t = triage(item, Q)
+    t = triage(item, Q, "tag-1")
     assert "protocol 1" in (t.refused or "") and refused_ids(t.envelope["headers"]) == ["p1"]
 
 
@@ -150,8 +151,8 @@ def test_protocol_1_messages_are_refused_under_their_id():
                               lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
                               max_leaves=30).map(lambda v: json.dumps(v).encode())))
 def test_triage_never_raises(item):
-    t = triage(item, Q)
-    assert isinstance(t.envelope, dict) and t.envelope["properties"]["delivery_tag"]
+    t = triage(item, Q, "tag-1")
+    assert isinstance(t.envelope, dict) and t.envelope["properties"]["delivery_tag"] == "tag-1"
 
 
 def test_keys_name_kombus_priority_lists():

@@ -342,8 +342,8 @@ def test_a_refused_queue_item_is_answered_under_its_ids_or_dead_lettered(redis):
     engine, _, broker = make_engine(redis)
     acks: list = []
     named = triage(json.dumps({"headers": {"task": "celery.backend_cleanup", "id": "other-task-1"},
-                               "properties": {"delivery_tag": "t1"}, "body": ""}), QUEUE).envelope
-    nameless = triage(b"\xff not json at all", QUEUE).envelope
+                               "properties": {"delivery_tag": "t1"}, "body": ""}), QUEUE, "t1").envelope
+    nameless = triage(b"\xff not json at all", QUEUE, "t2").envelope
     for env in (named, nameless):
         engine.submit(_raw_delivery(broker, env["headers"], base64.b64decode(env["body"]), acks))
     deadline = time.monotonic() + 10

@@ -327,21 +327,22 @@ class Triage:
     refused: str | None = None
 
 
-def triage(payload: bytes | str, queue: str, *, task: str = TASK_NAME) -> Triage:
+def triage(payload: bytes | str, queue: str, tag: str, *, task: str = TASK_NAME) -> Triage:
     """Check a raw queue item is a protocol-2 message of `task` that kombu and the engine can take
-    (a JSON object of bounded nesting; dict headers naming our task and a usable id; properties
-    with a delivery tag; a base64 or plain string body; JSON content; no compression). Anything else
-    is wrapped in an envelope of our task carrying the raw item, its reason and the ids found in it,
-    so the engine answers those ids with the reason, or dead-letters the item. The routing key is
-    always the queue the item came from (a restore goes back there, whatever the item claims)."""
+    (a JSON object of bounded nesting; dict headers naming our task and a usable id; a properties
+    object; a base64 or plain string body; JSON content; no compression). Anything else is wrapped
+    in an envelope of our task carrying the raw item, its reason and the ids found in it, so the
+    engine answers those ids with the reason, or dead-letters the item. The delivery tag is always
+    `tag` (the one the take script recorded the item under, vela2.wire.taking) and the routing key
+    the queue the item came from, whatever the item claims."""
     raw = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else payload
     try:
         env = decode_json(raw, "queue item")
         if not isinstance(env, dict):
             raise InvalidRequest(f"queue item must be a JSON object; got {type(env).__name__}")
         headers, props = env.get("headers"), env.get("properties")
-        if not isinstance(props, dict) or not isinstance(props.get("delivery_tag"), str):
-            raise InvalidRequest("envelope properties must be an object with a delivery_tag")
+        if not isinstance(props, dict):
+            raise InvalidRequest(f"envelope properties must be an object; got {type(props).__name__}")
         if not isinstance(headers, dict):
             found = _protocol1_id(env)
             if found is not None:
@@ -369,9 +370,10 @@ def triage(payload: bytes | str, queue: str, *, task: str = TASK_NAME) -> Triage
             raise _WithIds(f"message content-type must be application/json; got {env.get('content-type')!r}",
                            [mid])
     except _WithIds as e:
-        return Triage(_refused_envelope(raw, queue, e.reason, e.ids), e.reason)
+        return Triage(_refused_envelope(raw, queue, tag, e.reason, e.ids), e.reason)
     except InvalidRequest as e:
-        return Triage(_refused_envelope(raw, queue, str(e), []), str(e))
+        return Triage(_refused_envelope(raw, queue, tag, str(e), []), str(e))
+    props["delivery_tag"] = tag
     props["delivery_info"] = {"exchange": "", "routing_key": queue}
     headers.pop(REFUSED_HEADER, None)  # only the channel sets it
     return Triage(env)
@@ -414,9 +416,8 @@ def _protocol1_id(env: dict[str, Any]) -> str | None:
     return None
 
 
-def _refused_envelope(raw: bytes, queue: str, reason: str, ids: list[str]) -> dict[str, Any]:
+def _refused_envelope(raw: bytes, queue: str, tag: str, reason: str, ids: list[str]) -> dict[str, Any]:
     """An envelope of our task carrying a refused queue item (base64) for the engine to answer."""
-    tag = str(uuid.uuid4())
     mid = ids[0] if ids else f"refused-{tag}"
     return {
         "body": base64.b64encode(raw).decode("ascii"),

@@ -1,0 +1,161 @@
+"""The worker's channel against a real redis-server: a take pops and records in one step, in
+priority order, bounded by the QoS credit; a restore puts the exact item back; nothing is taken
+while Redis is full; a kombu consumer on the channel gets every message, waits for new ones, and
+gives back what it did not ack."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis as redis_lib
+from kombu import Connection, Consumer, Queue
+
+from vela2.wire import keys, taking
+from vela2.wire.messages import build_message
+
+Q = keys.online_queue("m")
+ROW = {"id": "r-1", "task": "choice:boolq", "text": "The sky is green.",
+       "questions": [{"question": "Is it?", "options": ["yes", "no"]}]}
+
+
+def _take(r: redis_lib.Redis, lists: list[str], most: int, prefix: str = "p") -> list[tuple[bytes, bytes, bytes]]:
+    reply = r.eval(taking.TAKE_SCRIPT, 2 + len(lists), keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY, *lists,
+                   repr(time.time()), most, prefix)
+    return [tuple(reply[i:i + 3]) for i in range(0, len(reply), 3)]
+
+
+@pytest.fixture
+def r(redis_url):
+    client = redis_lib.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def test_a_take_pops_in_priority_order_and_records_each_item_as_held(r):
+    prio = keys.priority_lists(Q)[1]
+    r.lpush(Q, b"a1", b"a2")  # a1 is the oldest (taken first)
+    r.lpush(prio, b"\xff\x00 raw bytes")
+    r.lpush(keys.backfill_queue("m"), b"b1")
+    lists = [Q, keys.backfill_queue("m"), prio]
+    got = _take(r, lists, 3)
+    assert [(k.decode(), item) for k, _, item in got] == [(Q, b"a1"), (Q, b"a2"), (keys.backfill_queue("m"), b"b1")]
+    tags = [t.decode() for _, t, _ in got]
+    assert len(set(tags)) == 3 and all(t.startswith("p.") for t in tags)
+    for k, t, item in got:
+        assert taking.split_held(r.hget(keys.UNACKED_KEY, t)) == (k.decode(), item)
+        assert r.zscore(keys.UNACKED_INDEX_KEY, t) == pytest.approx(time.time(), abs=5)
+    (k, t, item), = _take(r, lists, 5, "q")
+    assert item == b"\xff\x00 raw bytes" and r.llen(prio) == 0 and _take(r, lists, 5) == []
+    assert r.eval(taking.RESTORE_SCRIPT, 2, keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY, t, 0) == 1
+    assert r.lrange(prio, 0, -1) == [b"\xff\x00 raw bytes"]  # byte for byte, on its own list
+    assert not r.hexists(keys.UNACKED_KEY, t) and r.zscore(keys.UNACKED_INDEX_KEY, t) is None
+    assert r.eval(taking.RESTORE_SCRIPT, 2, keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY, t, 0) == 0
+
+
+def test_restore_puts_an_item_at_either_end(r):
+    r.lpush(Q, b"x")
+    (_, t, _), = _take(r, [Q], 1)
+    r.lpush(Q, b"newer", b"newest")
+    r.eval(taking.RESTORE_SCRIPT, 2, keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY, t, 1)  # leftmost: taken last
+    assert r.lrange(Q, 0, -1) == [b"x", b"newest", b"newer"]
+
+
+def test_nothing_is_taken_while_redis_is_full(redis_server_factory):
+    server = redis_server_factory()
+    r = redis_lib.Redis.from_url(server.url())
+    r.lpush(Q, b"m1")
+    try:
+        r.config_set("maxmemory", 1)
+        with pytest.raises(redis_lib.exceptions.OutOfMemoryError):
+            _take(r, [Q], 4)
+        assert r.llen(Q) == 1 and r.hlen(keys.UNACKED_KEY) == 0
+        r.config_set("maxmemory", 0)
+        assert [item for _, _, item in _take(r, [Q], 4)] == [b"m1"]
+    finally:
+        r.close()
+
+
+def test_split_held_tells_our_records_from_kombus():
+    assert taking.split_held(taking.held_record("vela2.m", b"{}")) == ("vela2.m", b"{}")
+    assert taking.split_held(json.dumps([{"body": ""}, "", "vela2.m"]).encode()) is None
+    assert taking.version_problem("6.2.14") and taking.version_problem("7.0.15") is None
+    assert taking.version_problem("7.4.1") is None and taking.version_problem("weird") is None
+
+
+def _connection(url: str) -> Connection:
+    return Connection(url, transport="worker.broker:RedisTransport",
+                      transport_options={"queue_order_strategy": "priority", "visibility_timeout": 3600})
+
+
+def _publish(r: redis_lib.Redis, rid: str, queue: str = Q) -> None:
+    r.lpush(queue, build_message([{**ROW, "id": rid}], queue, message_id=rid).payload)
+
+
+def _drain(conn: Connection, consumer_queues: list[Queue], want: int, *, ack: bool, prefetch: int | None = None,
+           before_each=None) -> list:
+    got: list = []
+
+    def on_message(body, message):
+        got.append(message)
+        if ack:
+            message.ack()
+
+    with Consumer(conn, queues=consumer_queues, callbacks=[on_message], accept=None) as consumer:
+        if prefetch:
+            consumer.qos(prefetch_count=prefetch)
+        deadline = time.monotonic() + 20
+        while len(got) < want:
+            assert time.monotonic() < deadline, f"{len(got)} of {want} delivered"
+            if before_each:
+                before_each(len(got))
+            try:
+                conn.drain_events(timeout=0.5)
+            except TimeoutError:
+                pass
+    return got
+
+
+def test_a_consumer_gets_every_message_online_first_and_acks_clear_them(r, redis_url):
+    for i in range(5):
+        _publish(r, f"b-{i}", keys.backfill_queue("m"))
+    for i in range(5):
+        _publish(r, f"o-{i}")
+    queues = [Queue(q, routing_key=q) for q in keys.queues("m")]
+    with _connection(redis_url) as conn:
+        got = _drain(conn, queues, 10, ack=True)
+    assert [m.headers["id"] for m in got] == [f"o-{i}" for i in range(5)] + [f"b-{i}" for i in range(5)]
+    assert r.hlen(keys.UNACKED_KEY) == 0 and r.zcard(keys.UNACKED_INDEX_KEY) == 0
+
+
+def test_a_waiting_consumer_takes_what_arrives_and_the_credit_bounds_a_take(r, redis_url):
+    sent: list[str] = []
+
+    def publish_later(n_got: int) -> None:
+        if len(sent) == n_got and len(sent) < 3:  # one at a time, once the consumer waits on an empty queue
+            sent.append(f"late-{len(sent)}")
+            _publish(r, sent[-1])
+
+    queues = [Queue(Q, routing_key=Q)]
+    with _connection(redis_url) as conn:
+        got = _drain(conn, queues, 3, ack=True, before_each=publish_later)
+        assert [m.headers["id"] for m in got] == sent
+        for i in range(6):
+            _publish(r, f"c-{i}")
+        held = _drain(conn, queues, 2, ack=False, prefetch=2)
+        # unacked, the consumer holds exactly its credit; the other four are still queued
+        assert len(held) == 2 and r.llen(Q) == 4 and r.hlen(keys.UNACKED_KEY) == 2
+    # closing the channel gave the unacked two back (restore at shutdown), byte for byte
+    assert r.llen(Q) == 6 and r.hlen(keys.UNACKED_KEY) == 0
+    assert {json.loads(x)["headers"]["id"] for x in r.lrange(Q, 0, -1)} == {f"c-{i}" for i in range(6)}
+
+
+def test_a_record_kombu_wrote_itself_is_still_restored(r, redis_url):
+    payload = json.loads(build_message([ROW], Q, message_id="old-1").payload)
+    r.hset(keys.UNACKED_KEY, "kombu-tag", json.dumps([payload, "", Q]))
+    r.zadd(keys.UNACKED_INDEX_KEY, {"kombu-tag": 1.0})
+    with _connection(redis_url) as conn:
+        conn.default_channel.qos.restore_by_tag("kombu-tag")
+    (item,) = r.lrange(Q, 0, -1)
+    assert json.loads(item)["headers"]["id"] == "old-1" and r.hlen(keys.UNACKED_KEY) == 0
