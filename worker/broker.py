@@ -9,8 +9,9 @@ is lost when Redis refuses writes (full under noeviction) or goes away mid-deliv
   the first list (online, priority 0) is taken at once and one on any other list within
   `brpop_timeout` (1 s). A message is never in neither the queue nor `unacked`: not when the worker
   dies, and not when Redis exits between a pop and its reply (which lost BRPOP's messages). While
-  Redis is full the script is refused before it takes anything; the worker waits, logging once per
-  interval and setting `vela2_redis_write_blocked_seconds` (worker.retry).
+  Redis is full (noeviction) a take still moves items into `unacked` whole (see vela2.wire.taking);
+  results and acks then wait, logging once per interval and setting
+  `vela2_redis_write_blocked_seconds` (worker.retry).
 - A restore (warm shutdown, a timed-out delivery) puts the held item back, byte for byte, on the
   list it came from, in one script.
 - Every taken item is looked at before kombu parses it (vela2.wire.messages.triage): anything that
@@ -101,7 +102,7 @@ class TolerantChannel(kombu_redis.Channel):
             except self.connection_errors:
                 self.client.connection.disconnect()
                 raise
-            except REFUSED_ERRORS as e:  # full or loading: the script took nothing
+            except REFUSED_ERRORS as e:  # loading, a read-only replica: the script took nothing
                 BLOCKED.refused("taking messages", e)
                 self._refused_until = time.monotonic() + _REFUSED_PAUSE_S
                 raise kombu_redis.Empty() from None

@@ -73,7 +73,11 @@ def check_redis(url: str, wait_s: float) -> None:
         while True:
             try:
                 client.ping()
-                problem = taking.version_problem(str(client.info("server").get("redis_version", "")))
+                try:
+                    version = str(client.info("server").get("redis_version", ""))
+                except redis.exceptions.ResponseError:  # a Redis-compatible server without INFO
+                    version = ""
+                problem = taking.version_problem(version)
                 if problem:
                     raise ConfigError(f"{problem} (at {maybe_sanitize_url(url)})")
                 return

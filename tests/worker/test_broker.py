@@ -62,25 +62,40 @@ def test_restore_puts_an_item_at_either_end(r):
     assert r.lrange(Q, 0, -1) == [b"x", b"newest", b"newer"]
 
 
-def test_nothing_is_taken_while_redis_is_full(redis_server_factory):
+def test_a_take_while_redis_is_full_moves_items_whole_and_a_restore_changes_nothing(redis_server_factory):
     server = redis_server_factory()
     r = redis_lib.Redis.from_url(server.url())
-    r.lpush(Q, b"m1")
+    r.lpush(Q, b"m1", b"m2")
     try:
-        r.config_set("maxmemory", 1)
+        r.config_set("maxmemory", 1)  # full: every write that adds memory is refused
         with pytest.raises(redis_lib.exceptions.OutOfMemoryError):
-            _take(r, [Q], 4)
-        assert r.llen(Q) == 1 and r.hlen(keys.UNACKED_KEY) == 0
+            r.set("x", "y")
+        (key, tag, item), = _take(r, [Q], 1)  # its first write is the pop: it runs whole
+        assert item == b"m1" and taking.split_held(r.hget(keys.UNACKED_KEY, tag)) == (Q, b"m1")
+        with pytest.raises(redis_lib.exceptions.OutOfMemoryError):  # the push is refused first
+            r.eval(taking.RESTORE_SCRIPT, 2, keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY, tag, 0)
+        assert r.hexists(keys.UNACKED_KEY, tag) and r.lrange(Q, 0, -1) == [b"m2"]
         r.config_set("maxmemory", 0)
-        assert [item for _, _, item in _take(r, [Q], 4)] == [b"m1"]
+        assert r.eval(taking.RESTORE_SCRIPT, 2, keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY, tag, 0) == 1
+        assert r.lrange(Q, 0, -1) == [b"m2", b"m1"] and not r.hexists(keys.UNACKED_KEY, tag)
     finally:
         r.close()
+
+
+def test_the_scripts_run_on_fakeredis_too():
+    import fakeredis
+
+    r = fakeredis.FakeRedis()
+    r.lpush(Q, b"a")
+    (_, tag, item), = _take(r, [Q], 2)
+    assert item == b"a" and r.eval(taking.RESTORE_SCRIPT, 2, keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY, tag, 0) == 1
+    assert r.lrange(Q, 0, -1) == [b"a"]
 
 
 def test_split_held_tells_our_records_from_kombus():
     assert taking.split_held(taking.held_record("vela2.m", b"{}")) == ("vela2.m", b"{}")
     assert taking.split_held(json.dumps([{"body": ""}, "", "vela2.m"]).encode()) is None
-    assert taking.version_problem("6.2.14") and taking.version_problem("7.0.15") is None
+    assert taking.version_problem("6.0.16") and taking.version_problem("6.2.14") is None
     assert taking.version_problem("7.4.1") is None and taking.version_problem("weird") is None
 
 

@@ -7,20 +7,22 @@ between popping and replying (a plain BRPOP lost one message that way). The tags
 per take; the record holds the list the item came from and the item itself, byte for byte, so a
 restore puts exactly that item back where it was, whatever it contains.
 
-Redis 7.0 or newer: `RPOP key count`, `BLMOVE` and script flags. The take script is declared with
-flags (`#!lua`), so Redis refuses to start it while it is out of memory (noeviction) — it then takes
-nothing, instead of popping and failing at the first write; the restore script may run when full
-(`allow-oom`: it only moves what is held back to its list).
+Redis 6.2 or newer (`RPOP key count`, `BLMOVE`). While Redis is out of memory (noeviction) it
+checks memory only at a script's first write: the take's first write is the pop, which frees
+memory, so a take still moves items into `unacked` whole (it neither fails halfway nor adds
+memory); a restore's first write is the push, which is then refused before anything changed.
+The scripts carry no shebang flags, so Redis-compatible servers without them (fakeredis, which
+the demo falls back on) run them too.
 """
 
 from __future__ import annotations
 
-MIN_REDIS_VERSION = (7, 0)
+MIN_REDIS_VERSION = (6, 2)
 
 # KEYS[1] unacked hash, KEYS[2] unacked_index, KEYS[3..] the lists in the order to take from.
 # ARGV[1] now (unix seconds), ARGV[2] the most items to take, ARGV[3] a tag prefix unique to this call.
 # Returns {list key, tag, item, list key, tag, item, ...}.
-TAKE_SCRIPT = """#!lua
+TAKE_SCRIPT = """
 local out, left, n = {}, tonumber(ARGV[2]), 0
 for i = 3, #KEYS do
   if left <= 0 then break end
@@ -45,7 +47,7 @@ return out
 # far end of its list (taken last) instead of the near end (taken next).
 # Returns 1 restored, 0 nothing held under the tag, -1 a record kombu wrote itself (the caller
 # restores those the kombu way: they predate this format).
-RESTORE_SCRIPT = """#!lua flags=allow-oom
+RESTORE_SCRIPT = """
 local rec = redis.call('HGET', KEYS[1], ARGV[1])
 if not rec then
   redis.call('ZREM', KEYS[2], ARGV[1])
@@ -82,5 +84,5 @@ def version_problem(version: str) -> str | None:
         return None  # a Redis-compatible server naming its version otherwise: let it try
     if parts < MIN_REDIS_VERSION:
         need = ".".join(map(str, MIN_REDIS_VERSION))
-        return f"Redis {version} is too old: the worker needs {need} or newer (RPOP count, BLMOVE, script flags)"
+        return f"Redis {version} is too old: the worker needs {need} or newer (RPOP with a count, BLMOVE)"
     return None
