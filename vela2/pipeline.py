@@ -38,6 +38,10 @@ class Prepared:
     def sequences(self) -> list[Sequence]:
         return self.rendered.sequences
 
+    @property
+    def task(self) -> str:
+        return self.row.task
+
 
 @dataclass
 class SeqOutput:
@@ -140,8 +144,19 @@ def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
         for q, sl in seq_labels:
             span_blocks.append((b, q, words[layout.words[b]] @ labels[sl].T * model.span_head.scale
                                 + model.span_head.bias))
-    opt_host = opt.float().cpu().numpy()
-    span_host = [x.float().cpu().numpy() for _, _, x in span_blocks]
+    # One device -> host copy (one sync) for the whole batch: option logits, then every span block.
+    parts_dev = [opt.float().reshape(-1), *(x.float().reshape(-1) for _, _, x in span_blocks)]
+    flat_dev = torch.cat(parts_dev) if len(parts_dev) > 1 else parts_dev[0]
+    if flat_dev.is_cuda:
+        # Wait for the device with the GIL released (a stream sync releases it; the copy's own wait
+        # would hold it), so the worker's other threads run while the batch does.
+        torch.cuda.current_stream(flat_dev.device).synchronize()
+    flat = flat_dev.cpu().numpy()
+    opt_host = flat[: opt.numel()]
+    span_host, at = [], opt.numel()
+    for _, _, x in span_blocks:
+        span_host.append(flat[at : at + x.numel()].reshape(x.shape))
+        at += x.numel()
     outs = [SeqOutput() for _ in sequences]
     for b, seq_opts in enumerate(layout.options):
         for q, sl in seq_opts:

@@ -32,6 +32,21 @@ class Verdict(Enum):
     UNCOUNTED = "uncounted"  # Redis was away: runs uncounted (a crash loop needs Redis to redeliver at all)
 
 
+# Per key: -1 where this call set the counter to 1 (a first attempt), else how many earlier
+# attempts it counts (their workers died before storing a result).
+FIRST_SCRIPT = """
+local out = {}
+for i, k in ipairs(KEYS) do
+  if redis.call('SET', k, 1, 'NX', 'EX', ARGV[1]) then
+    out[i] = -1
+  else
+    out[i] = tonumber(redis.call('GET', k)) or 0
+  end
+end
+return out
+"""
+
+
 class Attempts:
     """The attempt counters this engine holds, in Redis and here."""
 
@@ -42,6 +57,7 @@ class Attempts:
         # id -> the attempt this engine counted, until its result is stored; a poison request's
         # counter must survive a warm stop, so it is held with None (never uncounted)
         self._held: dict[str, int | None] = {}
+        self._first = redis.register_script(FIRST_SCRIPT)
 
     def __bool__(self) -> bool:
         """True while some counted request of this engine has no stored result."""
@@ -51,25 +67,20 @@ class Attempts:
         return rid in self._held
 
     def first(self, rids: list[str]) -> list[tuple[Verdict, int]]:
-        """Count the first attempt of each request in this delivery (one round trip): per id its
+        """Count the first attempt of each request in this delivery (one call): per id its
         verdict and how many earlier attempts died."""
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for rid in rids:
-                pipe.set(keys.attempts_key(rid), 1, nx=True, ex=self.ttl_s)
-                pipe.get(keys.attempts_key(rid))
-            replies = pipe.execute()
+            replies = self._first(keys=[keys.attempts_key(rid) for rid in rids], args=[self.ttl_s])
         except Exception as e:
             log.warning("counting attempts of %d requests failed (%s); running them uncounted", len(rids), e)
             return [(Verdict.UNCOUNTED, 0)] * len(rids)
         out = []
-        for rid, first, value in zip(rids, replies[::2], replies[1::2], strict=True):
-            if first:
+        for rid, died in zip(rids, replies, strict=True):
+            if died < 0:
                 self._held[rid] = 1
                 out.append((Verdict.FIRST, 0))
                 continue
-            died = int(value or 0)
-            out.append((Verdict.POISON if died >= self.max_attempts else Verdict.SUSPECT, died))
+            out.append((Verdict.POISON if died >= self.max_attempts else Verdict.SUSPECT, int(died)))
         return out
 
     def again(self, rid: str) -> tuple[Verdict, int]:

@@ -25,6 +25,7 @@ is lost when Redis refuses writes (full under noeviction) or goes away mid-deliv
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from typing import Any
@@ -34,7 +35,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 
-from vela2.wire import messages, taking
+from vela2.wire import keys, messages, taking
 from worker.retry import BLOCKED, REFUSED_ERRORS, RETRY_ERRORS, until_written
 
 log = logging.getLogger(__name__)
@@ -43,12 +44,42 @@ TAKE_MAX = 64  # items one take may return (fewer when the QoS credit is lower)
 _REFUSED_PAUSE_S = 0.5  # after Redis refused a take (full), the next one waits this long
 
 
+# Tags whose held records the engine removed itself (release_held: one round trip for every message
+# it acks in a turn); the consumer's ack of such a tag then only settles kombu's own bookkeeping.
+_released: set[str] = set()
+_released_lock = threading.Lock()
+
+
+def release_held(client: Any, tags: list[str]) -> None:
+    """Remove the held records of `tags` (messages whose results are all stored) in one round trip;
+    the acks the consumer then runs for them skip Redis. Raises what Redis raises (the caller then
+    leaves each ack to write its own removal, as kombu does)."""
+    if not tags:
+        return
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zrem(keys.UNACKED_INDEX_KEY, *tags)
+        pipe.hdel(keys.UNACKED_KEY, *tags)
+        pipe.execute()
+    with _released_lock:
+        _released.update(tags)
+
+
 class TolerantQoS(kombu_redis.QoS):
     """kombu's QoS over the take script's records: nothing to write when a message is delivered
-    (the take recorded it), restores by one script, the restore sweep skipped while refused."""
+    (the take recorded it), none at an ack the engine released already, restores by one script,
+    the restore sweep skipped while refused."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
         virtual.QoS.append(self, message, delivery_tag)  # held in this process; Redis has it already
+
+    def ack(self, delivery_tag: str) -> None:
+        with _released_lock:
+            released = delivery_tag in _released
+            _released.discard(delivery_tag)
+        if released:
+            virtual.QoS.ack(self, delivery_tag)
+        else:
+            super().ack(delivery_tag)
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
         with self.channel.conn_or_acquire(client) as c:

@@ -25,6 +25,7 @@ alone when suspect, dead-lettered past max_attempts; see worker.attempts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import queue
@@ -99,6 +100,8 @@ class _Request:
     started: float | None = None  # when its first batch started
     verdict: Verdict | None = None  # what the attempt counters said (None: not counted yet in this delivery)
     closed: bool = False  # a result exists (or is being decoded); nothing more to run
+    key: int = 0  # its number in this engine (the key of its work in the CPU processes)
+    decoding: bool = False  # its outputs went to a CPU process to be decoded
 
 
 @dataclass(eq=False)
@@ -124,6 +127,17 @@ class EngineStats:
     batches_raised: int = 0
     retried_alone: int = 0  # requests run alone because an earlier attempt died with its worker
     dead_lettered: int = 0
+    # CPU seconds by stage (each thread's own clock: time.thread_time), and the whole process's
+    # since the engine started; the process figure less the stages is the consumer thread (kombu,
+    # Celery, triage), the leases and the metrics
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    process_cpu_s: float = 0.0
+    _cpu_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def charge(self, stage: str, seconds: float) -> None:
+        """Add `seconds` of CPU to `stage` (any thread)."""
+        with self._cpu_lock:
+            self.cpu_s[stage] = self.cpu_s.get(stage, 0.0) + seconds
 
     def to_dict(self) -> dict[str, Any]:
         """The counts as JSON-able data (the `vela2 engine stats` log line that tools read)."""
@@ -137,6 +151,8 @@ class EngineStats:
             "batches_raised": self.batches_raised,
             "retried_alone": self.retried_alone,
             "dead_lettered": self.dead_lettered,
+            "cpu_s": {k: round(v, 4) for k, v in sorted(self.cpu_s.items())},
+            "process_cpu_s": round(self.process_cpu_s, 4),
         }
 
     def summary(self) -> str:
@@ -163,6 +179,8 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         on_stored: Callable[[list[tuple[str, str, dict[str, Any]]]], None] | None = None,
         leases: Any = None,
+        release_held: Callable[[list[str]], None] | None = None,
+        cpu: Any = None,
     ):
         if pipeline is None:
             import vela2.pipeline as pipeline  # the model stack; tests inject a fake
@@ -176,6 +194,16 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.on_stored = on_stored  # called in the engine thread with (id, status, meta) of stored results
         self.leases = leases  # worker.leases.Leases (hold / release per delivery tag), or None
+        # removes the broker's held records of many delivery tags in one round trip (worker.broker),
+        # so the acks of a turn cost one Redis call, not one each; None: each ack removes its own
+        self.release_held = release_held
+        self._to_ack: list[Delivery] = []
+        # worker.cpu_procs.CpuProcesses: render and decode in processes (None: in self._pool's threads)
+        self.cpu = cpu
+        self._in_cpu: dict[int, _Request] = {}  # key -> request with work (or a rendered row) in a process
+        self._keys = itertools.count(1)
+        if cpu is not None:
+            cpu.on_done = self._cpu_done
         self.progress = clock()  # when the loop last turned or ran a batch (leases stop if it stalls)
         self.clock = clock
         self.stats = EngineStats()
@@ -198,11 +226,13 @@ class Engine:
         self._stopping = False
         self._stop_deadline = float("inf")
         self._thread: threading.Thread | None = None
+        self._process_cpu0 = time.process_time()
 
     # --- the outside: consumer thread and lifecycle ---------------------------------------------
 
     def start(self) -> None:
         """Start the engine thread."""
+        self._process_cpu0 = time.process_time()
         self._thread = threading.Thread(target=self._run, name="vela2-engine", daemon=True)
         self._thread.start()
 
@@ -228,8 +258,11 @@ class Engine:
                 log.error("engine still busy after the shutdown timeout (%.0f s); returning what it holds", timeout_s)
                 self._return_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.cpu is not None:
+            self.cpu.close()
         if self.leases is not None:
             self.leases.stop()
+        self.stats.process_cpu_s = time.process_time() - self._process_cpu0
         log.info("vela2 engine stopped: %s", self.stats.summary())
         log.info("%s%s", STATS_LOG_PREFIX, json.dumps(self.stats.to_dict(), separators=(",", ":")))
         return self.stats
@@ -251,9 +284,12 @@ class Engine:
                 log.exception("engine loop error")
                 ran_batch = False
                 time.sleep(0.1)
+        self._send_acks()
         self._return_all()
 
     def _wait_s(self) -> float:
+        if self._to_ack:
+            return 0.0
         if self._to_store:
             return max(0.0, min(_IDLE_WAIT_S, self._store_after - self.clock()))
         if self._quarantine and self._attempts:
@@ -285,9 +321,18 @@ class Engine:
                 self._on_prepared(*payload)
             elif kind == "finished":
                 self._on_finished(*payload)
+            elif kind == "cpu":
+                self._on_cpu(*payload)
         if deliveries:
+            c0 = time.thread_time()
             self._intake(deliveries)
+            self.stats.charge("intake", time.thread_time() - c0)
+        c0 = time.thread_time()
         self._flush_results()
+        self._send_acks()
+        if self.cpu is not None:
+            self.cpu.flush()
+        self.stats.charge("store_ack", time.thread_time() - c0)
         self.metrics.buffered.set(len(self._messages))
         self.metrics.waiting.set(len(self._buckets))
 
@@ -317,6 +362,10 @@ class Engine:
             self._working[req.rid] = req
             if req.expires is not None and now_wall >= req.expires:
                 self._expire(req)
+            elif self.cpu is not None:
+                req.key = next(self._keys)
+                self._in_cpu[req.key] = req
+                self.cpu.render(req.key, req.obj)
             else:
                 fut = self._pool.submit(self._prepare, req)
                 fut.add_done_callback(partial(self._post, "prepared", req))
@@ -390,15 +439,48 @@ class Engine:
 
     def _prepare(self, req: _Request) -> tuple[Any, Any]:
         """(CPU thread) validate + render one request -> (Prepared, parsed SystemOne or None)."""
-        if systemone.is_system_one(req.obj):
-            parsed = systemone.parse_request(req.obj)
-            systemone.check_model(parsed, self.model.name)
-            return self.pipeline.prepare(self.model, systemone.to_row(parsed, self.model.calibration)), parsed
-        return self.pipeline.prepare(self.model, req.obj), None
+        c0 = time.thread_time()
+        try:
+            if systemone.is_system_one(req.obj):
+                parsed = systemone.parse_request(req.obj)
+                systemone.check_model(parsed, self.model.name)
+                return self.pipeline.prepare(self.model, systemone.to_row(parsed, self.model.calibration)), parsed
+            return self.pipeline.prepare(self.model, req.obj), None
+        finally:
+            self.stats.charge("render", time.thread_time() - c0)
 
     def _post(self, kind: str, req: _Request, fut: Future) -> None:
         """(CPU thread) hand a finished step back to the engine thread."""
         self._events.put((kind, req, fut))
+
+    def _cpu_done(self, op: str, key: int, fut: Future, cpu_s: float) -> None:
+        """(reader thread of the CPU processes) a render or decode is done."""
+        self.stats.charge(f"{'render' if op == 'render' else 'decode'}_in_processes", cpu_s)
+        self._events.put(("cpu", op, key, fut))
+
+    def _on_cpu(self, op: str, key: int, fut: Future) -> None:
+        req = self._in_cpu.get(key)
+        if req is None:
+            return
+        if op == "render" and not fut.exception() and not req.closed:
+            self._on_prepared(req, fut)
+            return
+        del self._in_cpu[key]
+        if op == "render" and req.closed:  # answered while it rendered (expired): its row goes
+            self.cpu.drop(key)
+        elif op == "render":
+            self._on_prepared(req, fut)  # the render failed: answers the error
+        elif op == "lost" and req.decoding:
+            self._on_finished(req, fut)  # an error result: the row's decode died with its process
+        elif op == "lost" and not req.closed:
+            self._fail(req, fut.exception() or ModelError("the render process died"))
+        elif op == "decode":
+            self._on_finished(req, fut)
+
+    def _forget_render(self, req: _Request) -> None:
+        """A request answered without its decode: its rendered row in a process goes."""
+        if self.cpu is not None and self._in_cpu.pop(req.key, None) is not None:
+            self.cpu.drop(req.key)
 
     def _on_prepared(self, req: _Request, fut: Future) -> None:
         if req.closed:
@@ -423,6 +505,7 @@ class Engine:
     def _maybe_run_batch(self) -> bool:
         if self._quarantine:
             return self._run_quarantine()
+        c0 = time.thread_time()
         batch = self._buckets.pop_batch(self.clock(), flush=self._stopping)
         if batch is None:
             return False
@@ -430,6 +513,7 @@ class Engine:
         if live:
             self._run_split(live)
             self._finish_done({item.req for item in live})
+        self.stats.charge("batch", time.thread_time() - c0)
         return True
 
     def _live(self, items: list[_Seq]) -> list[_Seq]:
@@ -447,12 +531,22 @@ class Engine:
         return live
 
     def _finish_done(self, reqs: set[_Request]) -> None:
-        """Send every request whose sequences all ran to a CPU thread for decoding."""
+        """Send every request whose sequences all ran to a CPU thread (or process) for decoding."""
         for req in reqs:
             if not req.closed and req.remaining == 0:
                 req.closed = True
+                if self.cpu is not None and req.key in self._in_cpu:
+                    self.cpu.decode(req.key, req.outputs, self._timings(req))
+                    req.outputs, req.decoding = [], True
+                    continue
                 fut = self._pool.submit(self._finish, req)
                 fut.add_done_callback(partial(self._post, "finished", req))
+        if self.cpu is not None:
+            self.cpu.flush()
+
+    @staticmethod
+    def _timings(req: _Request) -> dict[str, float]:
+        return {"queue_ms": ((req.started or req.received) - req.received) * 1e3, "model_ms": req.model_ms}
 
     # --- attempts, suspects, the dead-letter list (see the module docstring) -------------------
 
@@ -579,9 +673,10 @@ class Engine:
 
     def _finish(self, req: _Request) -> tuple[RowResult, dict[str, Any] | None]:
         """(CPU thread) decode a row whose sequences all ran."""
-        queue_ms = ((req.started or req.received) - req.received) * 1e3
-        res = self.pipeline.finish(self.model, req.prep, req.outputs, {"queue_ms": queue_ms, "model_ms": req.model_ms})
+        c0 = time.thread_time()
+        res = self.pipeline.finish(self.model, req.prep, req.outputs, self._timings(req))
         answer = systemone.to_answer(req.system_one, res) if req.system_one is not None else None
+        self.stats.charge("decode", time.thread_time() - c0)
         return res, answer
 
     def _on_finished(self, req: _Request, fut: Future) -> None:
@@ -597,6 +692,7 @@ class Engine:
 
     def _fail(self, req: _Request, exc: BaseException) -> None:
         req.closed = True
+        self._forget_render(req)
         answer = systemone.error_answer(req.obj, exc) if systemone.is_system_one(req.obj) else None
         self._answer(req.msg, req.rid, error_result(req.rid, _task_of(req), exc), answer)
         if req.remaining:
@@ -604,6 +700,8 @@ class Engine:
 
     def _expire(self, req: _Request) -> None:
         req.closed = True
+        if req.prep is not None:  # rendered already (else the render's reply drops it)
+            self._forget_render(req)
         when = req.expires.isoformat() if req.expires else "?"
         res = expired_result(req.rid, _task_of(req), f"deadline {when} passed before the request was scored")
         answer = _system_one_answer(req, res) if systemone.is_system_one(req.obj) else None
@@ -716,7 +814,22 @@ class Engine:
         self.stats.messages_acked += 1
         if self.leases is not None:
             self.leases.release(msg.delivery.tag)
-        msg.delivery.ack()
+        self._to_ack.append(msg.delivery)
+
+    def _send_acks(self) -> None:
+        """Ack every message finalized this turn: their held records go in one round trip, then
+        each ack settles the consumer's bookkeeping (should that round trip fail, each ack removes
+        its own record, as without release_held)."""
+        if not self._to_ack:
+            return
+        acks, self._to_ack = self._to_ack, []
+        if self.release_held is not None:
+            try:
+                self.release_held([d.tag for d in acks if d.tag])
+            except Exception as e:
+                log.warning("releasing %d acked messages in one call failed (%s); acking one by one", len(acks), e)
+        for d in acks:
+            d.ack()
 
     def _return_all(self) -> None:
         """Give every message not yet acked back to its queue (warm stop ran out of time). Their
@@ -740,7 +853,7 @@ class Engine:
 
 def _task_of(req: _Request) -> str | None:
     if req.prep is not None:
-        return req.prep.row.task
+        return req.prep.task
     return guess_id_task(req.obj)[1]
 
 

@@ -41,6 +41,9 @@ class EngineSettings:
     precision: str | None = setting(None, "run_batch precision; default bf16 on CUDA, fp32 elsewhere",
                                     choices=PRECISIONS)
     render_threads: int = setting(2, "CPU threads that render rows ahead of the device and decode results")
+    cpu_processes: int = setting(-1, "processes that render rows and decode results instead of the threads "
+                                     "(spawned, each with the tokenizer); -1: auto (on a GPU min(4, cores - 2), "
+                                     "on a CPU 0); 0: threads")
     max_message_bytes: int = setting(LIMITS.max_message_bytes, "larger messages get a limit_exceeded error")
     row_tokens: int = setting(0, "pack several short sequences per row of this many tokens; 0: one per row")
     max_attempts: int = setting(3, "deliveries a request may crash a worker in before it is dead-lettered")
@@ -57,7 +60,8 @@ class WorkerSettings:
     dtype: str | None = setting(None, "backbone dtype; default bfloat16 for bf16, else float32", choices=DTYPES)
     visibility_timeout_s: float = setting(3600.0, "a dead worker's messages return to the queue after this long "
                                                   "(a live worker renews what it holds)")
-    max_buffered: int = setting(256, "messages the worker holds at once (the broker prefetch count)")
+    max_buffered: int = setting(1024, "messages the worker holds at once (the broker prefetch count); one "
+                                      "full batch of short online rows needs ~600")
     result_expires_s: int = setting(DEFAULT_RESULT_EXPIRES_S, "TTL of stored results")
     shutdown_timeout_s: float = setting(60.0, "warm shutdown: finish what is held within this, return the rest")
     metrics_port: int = setting(0, "serve Prometheus metrics on this port; 0: off")
@@ -116,6 +120,15 @@ class WorkerSettings:
             raise ConfigError(f"no checkpoint: pass --checkpoint or set {env_name('checkpoint')}")
         return Vela2Config.read(self.checkpoint).name
 
+    def resolved_cpu_processes(self) -> int:
+        """How many render / decode processes to start (cpu_processes, with -1 resolved)."""
+        n = self.engine.cpu_processes
+        if n >= 0:
+            return n
+        if not self.device.startswith("cuda"):
+            return 0
+        return max(1, min(4, (os.cpu_count() or 2) - 2))
+
     def validate(self) -> None:
         """Raise ConfigError naming the first inconsistent setting."""
         for spec in specs():
@@ -129,6 +142,8 @@ class WorkerSettings:
         for name in ("max_wait_ms", "shutdown_timeout_s", "row_tokens", "metrics_port", "redis_wait_s"):
             if _get(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0; got {_get(self, name)}")
+        if self.engine.cpu_processes < -1:
+            raise ConfigError(f"cpu_processes must be >= -1 (-1: auto); got {self.engine.cpu_processes}")
         if self.visibility_timeout_s <= 0:
             raise ConfigError(f"visibility_timeout_s must be > 0; got {self.visibility_timeout_s}")
 

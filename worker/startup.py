@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kombu.utils.url import maybe_sanitize_url
@@ -26,6 +27,8 @@ from vela2.errors import ConfigError, Vela2Error
 from vela2.wire import keys, taking
 from vela2.wire.results import ResultStore
 from worker import faults
+from worker.broker import release_held
+from worker.cpu_procs import CpuProcesses
 from worker.engine import Engine
 from worker.faults import WARMUP_ID
 from worker.leases import Leases
@@ -115,6 +118,10 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     preflight(settings)
     if not settings.checkpoint:
         raise ConfigError(f"no checkpoint: pass --checkpoint or set {env_name('checkpoint')}")
+    cpu = None
+    if settings.resolved_cpu_processes():  # spawned first: they load while the model does
+        cpu = CpuProcesses(settings.checkpoint, settings.resolved_model_name(), settings.resolved_cpu_processes())
+        cpu.start()
     model = vela2.load(settings.checkpoint, device=settings.device, dtype=getattr(torch, settings.resolved_dtype),
                        random_weights=bool(settings.random_weights))
     if settings.attn != "sdpa":
@@ -135,13 +142,14 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
         metrics.serve(settings.metrics_port)
     leases = Leases(redis.Redis.from_url(settings.redis_url), settings.visibility_timeout_s,
                     progress=lambda: engine.progress)
+    broker = redis.Redis.from_url(settings.redis_url)
     engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored,
-                    leases=leases)
+                    leases=leases, release_held=partial(release_held, broker), cpu=cpu)
     engine.start()
     leases.start()
     log.info(
         "vela2 engine ready: model %s on %s (%s), max_batch_tokens %d, max_wait_ms %g, worst batch %.3f s, "
-        "visibility timeout %g s, max_buffered %d, queues %s",
+        "visibility timeout %g s, max_buffered %d, render / decode in %s, queues %s",
         model.name,
         settings.device,
         settings.resolved_precision,
@@ -150,6 +158,7 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
         worst_s,
         settings.visibility_timeout_s,
         settings.max_buffered,
+        f"{cpu.n} processes" if cpu else f"{settings.engine.render_threads} threads",
         ", ".join(keys.queues(model.name)),
     )
     return engine

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -93,6 +94,25 @@ def test_decoding_is_bounded_and_refuses_by_name():
             decode_delivery("r-1", {}, f"[[{deep}],{{}},{{}}]")
     with pytest.raises(Refused):
         decode_delivery("r-1", {REFUSED_HEADER: "why"}, env.body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 2 * MAX_JSON_DEPTH), st.integers(0, 80), st.booleans())
+def test_the_depth_limit_is_exact_with_or_without_the_bracket_count_shortcut(depth, siblings, as_bytes):
+    from vela2.wire.messages import decode_json
+
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    value.extend({} for _ in range(siblings))  # brackets that add to the count, not to the depth
+    text = json.dumps(value)
+    data = text.encode() if as_bytes else text
+    real = max(depth, 2 if siblings else 1)
+    if real > MAX_JSON_DEPTH:
+        with pytest.raises(InvalidRequest, match="nested deeper"):
+            decode_json(data, "x")
+    else:
+        assert decode_json(data, "x") == value
 
 
 def _item(**change):

@@ -51,7 +51,8 @@ class Pipeline:
     def prepare(self, model, obj):
         r = parse_row(obj)
         n = max(1, -(-len(r.text.split()) // 20))
-        return SimpleNamespace(row=r, sequences=[SimpleNamespace(rid=r.id, num_tokens=30) for _ in range(n)])
+        seqs = [SimpleNamespace(rid=r.id, num_tokens=30) for _ in range(n)]
+        return SimpleNamespace(row=r, task=r.task, sequences=seqs)
 
     def run_batch(self, model, sequences, precision, row_tokens=None):
         with self.lock:

@@ -37,6 +37,10 @@ class FakePrep:
     sequences: list[FakeSeq]
     render_ms: float = 0.1
 
+    @property
+    def task(self) -> str:
+        return self.row.task
+
 
 @dataclass
 class FakePipeline:

@@ -95,7 +95,7 @@ class RowPipeline:
         words = len(row.text.split())
         n = max(1, -(-words // 10))
         seqs = [SimpleNamespace(row_id=row.id, window=w, num_tokens=min(10, words - 10 * w) * 5) for w in range(n)]
-        return SimpleNamespace(row=row, sequences=seqs, render_ms=0.1)
+        return SimpleNamespace(row=row, task=row.task, sequences=seqs, render_ms=0.1)
 
     def run_batch(self, model, sequences, precision, row_tokens=None):
         with self.lock:

@@ -114,11 +114,12 @@ def test_existing_and_readers_take_one_round_trip_each(redis):
     ids = [f"r{i}" for i in range(50)]
     store.store([(i, row_meta(i, ok_result(i))) for i in ids[:30]])
     store.store([("chunk-1", chunk_meta("chunk-1", {"ok": 30}))])
+    store.existing(["warm"])  # a client's first call of a script also loads it
     before = CountingRedis.round_trips
     assert store.existing(ids) == set(ids[:30])
     got = read_results(redis, ids)
     answers = read_answers(redis, ids)
-    assert CountingRedis.round_trips - before <= 3  # pipelined EXISTS, one MGET, one MGET
+    assert CountingRedis.round_trips - before <= 3  # one EXISTS script call, one MGET, one MGET
     assert all(got[i].status == Status.ok for i in ids[:30]) and all(got[i] is None for i in ids[30:])
     assert answers["r0"]["answers"][0]["decision"] == "yes"
     assert read_results(redis, ["chunk-1"]) == {"chunk-1": None}  # a summary is no row result
@@ -156,3 +157,26 @@ def test_an_error_quoting_a_lone_surrogate_is_still_stored_as_valid_json(redis):
     assert b"\\ud800" in raw  # escaped: the stored value is UTF-8 JSON Redis and every reader can take
     got = read_results(redis, ["e"])["e"]
     assert got.error.type == "invalid_request" and "a\ud800b" in got.error.message
+
+
+def test_many_results_go_in_one_call_and_one_refused_value_is_found_item_by_item(redis):
+    import redis as redis_lib
+
+    store = ResultStore(redis)
+    store.store([("warm", row_meta("warm", ok_result("warm")))])
+    before = CountingRedis.round_trips
+    assert store.store([(f"m{i}", row_meta(f"m{i}", ok_result(f"m{i}"))) for i in range(600)]) == [True] * 600
+    assert CountingRedis.round_trips - before == 2  # 512 + 88 results
+    real = store._store_many
+
+    def refuses_big(keys, args):
+        if any(len(v) > 4000 for v in args[2:]):
+            raise redis_lib.exceptions.ResponseError("string exceeds maximum allowed size")
+        return real(keys=keys, args=args)
+
+    store._store_many = refuses_big  # type: ignore[method-assign]
+    big = row_meta("big", ok_result("big"))
+    big["pad"] = "x" * 5000
+    out = store.store([("s1", row_meta("s1", ok_result("s1"))), ("big", big), ("m0", row_meta("m0", ok_result("m0")))])
+    assert out == [True, True, False]  # item by item: s1 written, big written alone, m0 was there
+    assert read_results(redis, ["s1", "big"])["big"].status == Status.ok

@@ -118,10 +118,12 @@ def wait_for(redis, ids: list[str], timeout_s: float) -> dict[str, RowResult | N
         time.sleep(0.05)
 
 
-def test_worker_answers_equal_predict(redis_url, start_worker, demo_model):
+@pytest.mark.parametrize("cpu_processes", [0, 2], ids=["render-threads", "render-processes"])
+def test_worker_answers_equal_predict(redis_url, start_worker, demo_model, cpu_processes):
     from vela2.reference import predict
 
-    worker = start_worker(redis_url).wait_ready()
+    worker = start_worker(redis_url, cpu_processes=cpu_processes).wait_ready()
+    assert (f"render / decode in {cpu_processes} processes" in worker.log()) == bool(cpu_processes)
     client = Client(redis_url, model=MODEL)
     rows = mixed_rows()
     singles, bulk = rows[::2], rows[1::2]

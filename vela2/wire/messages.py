@@ -183,8 +183,16 @@ def decode_json(data: bytes | str, what: str) -> Any:
         raise InvalidRequest(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidRequest(f"{what} is not valid JSON: {e}") from None
-    _check_depth(value, what)
+    if _openers(data) > MAX_JSON_DEPTH:  # else it cannot nest that deep: no walk (the hot path)
+        _check_depth(value, what)
     return value
+
+
+def _openers(data: bytes | str) -> int:
+    """How many `[` and `{` the text holds (those inside strings too): a bound on its nesting."""
+    if isinstance(data, str):
+        return data.count("[") + data.count("{")
+    return data.count(b"[") + data.count(b"{")
 
 
 def _check_depth(value: Any, what: str) -> None:

@@ -57,6 +57,37 @@ return 0
 """
 
 
+# The same write for many results in one call: KEYS = result key, marker key, result key, marker
+# key, ...; ARGV = result TTL, marker TTL, then one value per result. Returns 1 / 0 per result.
+# While Redis is full its first SET is refused, and with it the whole call (Redis checks memory
+# at a script's first write only): nothing is half written. (No shebang flags: fakeredis runs it too.)
+STORE_MANY_SCRIPT = """
+local out = {}
+for i = 1, #KEYS / 2 do
+  local rk, mk, v = KEYS[2 * i - 1], KEYS[2 * i], ARGV[i + 2]
+  if redis.call('SET', rk, v, 'NX', 'EX', ARGV[1]) then
+    redis.call('PUBLISH', rk, v)
+    if redis.call('EXISTS', mk) == 1 then
+      redis.call('SET', mk, 'answered', 'EX', ARGV[2])
+    end
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+# 1 / 0 per key: whether it exists (EXISTS of several keys only counts them).
+EXISTS_MANY_SCRIPT = """
+local out = {}
+for i, k in ipairs(KEYS) do out[i] = redis.call('EXISTS', k) end
+return out
+"""
+
+_MANY_MAX = 512  # results per STORE_MANY / EXISTS_MANY call
+
+
 def _error_class_names() -> dict[str, str]:
     """error.type code -> exception class name ("invalid_request" -> "InvalidRequest")."""
     names: dict[str, str] = {}
@@ -162,38 +193,62 @@ class ResultStore:
 
     def __post_init__(self) -> None:
         self._script = self.redis.register_script(STORE_SCRIPT)
+        self._store_many = self.redis.register_script(STORE_MANY_SCRIPT)
+        self._exists_many = self.redis.register_script(EXISTS_MANY_SCRIPT)
 
     def existing(self, ids: Iterable[str]) -> set[str]:
-        """The ids among `ids` that already have a stored result (one pipelined round trip)."""
+        """The ids among `ids` that already have a stored result (one call per 512 ids)."""
         ids = list(ids)
-        if not ids:
-            return set()
-        pipe = self.redis.pipeline(transaction=False)
-        for rid in ids:
-            pipe.exists(result_key(rid))
-        return {rid for rid, n in zip(ids, pipe.execute(), strict=True) if n}
+        found: set[str] = set()
+        for k in range(0, len(ids), _MANY_MAX):
+            part = ids[k : k + _MANY_MAX]
+            flags = self._exists_many(keys=[result_key(rid) for rid in part])
+            found.update(rid for rid, n in zip(part, flags, strict=True) if n)
+        return found
 
     def store(self, items: list[tuple[str, dict[str, Any]]]) -> list[bool | Exception]:
-        """Write (id, meta) pairs in one pipelined round trip. Per item: True where this call wrote
-        the value, False where a result was already there (left unchanged), or the exception that
-        item alone met (an id that cannot be a key, a value Redis refuses): the other items are
-        written all the same. Raises only when the round trip itself fails (Redis away)."""
+        """Write (id, meta) pairs, write-once. Per item: True where this call wrote the value, False
+        where a result was already there (left unchanged), or the exception that item alone met (an
+        id that cannot be a key, a value Redis refuses): the other items are written all the same.
+        One call per 512 results; should Redis refuse such a call for what one value is (too
+        large), its items are written one by one in a pipeline, each meeting only its own error.
+        Raises only when a round trip itself fails (Redis away)."""
+        import redis
+
         out: list[bool | Exception] = [False] * len(items)
-        sent: list[int] = []
-        pipe = self.redis.pipeline(transaction=False)
         ttls = [int(self.ttl_s), int(self.ttl_s) + int(self.expired_marker_s)]
+        ready: list[tuple[int, list[bytes], bytes]] = []
         for i, (rid, meta) in enumerate(items):
             try:
                 keys = [result_key(rid).encode("utf-8"), submitted_key(rid).encode("utf-8")]
             except UnicodeEncodeError as e:
                 out[i] = e
                 continue
-            self._script(keys=keys, args=[encode_meta(meta), *ttls], client=pipe)
-            sent.append(i)
-        if sent:
-            for i, reply in zip(sent, pipe.execute(raise_on_error=False), strict=True):
-                out[i] = reply if isinstance(reply, Exception) else bool(reply)
+            ready.append((i, keys, encode_meta(meta)))
+        for k in range(0, len(ready), _MANY_MAX):
+            part = ready[k : k + _MANY_MAX]
+            try:
+                flags = self._store_many(keys=[key for _, ks, _ in part for key in ks],
+                                         args=[*ttls, *(v for _, _, v in part)])
+            except (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError,
+                    redis.exceptions.ReadOnlyError) as e:  # refused whole: every item waits
+                for i, _, _ in part:
+                    out[i] = e
+                continue
+            except redis.exceptions.ResponseError:  # one value refused: find which, item by item
+                self._store_each(part, ttls, out)
+                continue
+            for (i, _, _), flag in zip(part, flags, strict=True):
+                out[i] = bool(flag)
         return out
+
+    def _store_each(self, part: list[tuple[int, list[bytes], bytes]], ttls: list[int],
+                    out: list[bool | Exception]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for _, keys, value in part:
+            self._script(keys=keys, args=[value, *ttls], client=pipe)
+        for (i, _, _), reply in zip(part, pipe.execute(raise_on_error=False), strict=True):
+            out[i] = reply if isinstance(reply, Exception) else bool(reply)
 
 
 # --- reading ---------------------------------------------------------------------------------
