@@ -8,10 +8,12 @@ One thread owns all state (text-embeddings-inference queue.rs style). Each loop 
    (vela2.pipeline.prepare), ahead of the device;
 3. store new results in one pipelined round trip, then ack every message whose requests all have
    a stored result (never earlier);
-4. run the most urgent ready batch (worker.batching: a full bucket, or one whose oldest request
-   waited max_wait_ms) with vela2.pipeline.run_batch. A batch that raises (CUDA OOM included) is
-   split in halves and retried; a sequence that fails alone fails only its row (model_error).
-   When every sequence of a row is done, vela2.pipeline.finish decodes it on a CPU thread.
+4. when the device is free, start the most urgent ready batch (worker.batching: a full bucket, or
+   one whose oldest request waited max_wait_ms) with vela2.pipeline.run_batch on the device thread;
+   this thread goes on turning (intake, renders, stores) while it runs, and the next batch fills
+   meanwhile. A batch that raises (CUDA OOM included) is split in halves and retried; a sequence
+   that fails alone fails only its row (model_error). When every sequence of a row is done,
+   vela2.pipeline.finish decodes it on a CPU thread (or in a render process, worker.cpu_procs).
 
 Rows' windows may land in different batches. Timings per request: queue_ms (message received ->
 its first batch starts), render_ms, model_ms (batches that carried it), decode_ms.
@@ -221,6 +223,11 @@ class Engine:
         self._working: dict[str, _Request] = {}  # id -> the request of this engine answering it (until stored)
         self._followers: dict[str, list[_Message]] = {}  # id -> other messages waiting on that answer
         self._pool = ThreadPoolExecutor(max(1, settings.render_threads), thread_name_prefix="vela2-cpu")
+        # run_batch runs in its own thread, one batch at a time, so this thread keeps taking, rendering
+        # and storing while the device works (and the next batch fills meanwhile)
+        self._device = ThreadPoolExecutor(1, thread_name_prefix="vela2-device")
+        self._in_flight: list[_Seq] | None = None  # the batch the device runs now
+        self._retry: list[list[_Seq]] = []  # halves of a batch that raised, run before any new batch
         self._lock = threading.Lock()  # guards _accepting and message finalization
         self._accepting = True
         self._stopping = False
@@ -258,6 +265,7 @@ class Engine:
                 log.error("engine still busy after the shutdown timeout (%.0f s); returning what it holds", timeout_s)
                 self._return_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._device.shutdown(wait=False, cancel_futures=True)
         if self.cpu is not None:
             self.cpu.close()
         if self.leases is not None:
@@ -292,6 +300,10 @@ class Engine:
             return 0.0
         if self._to_store:
             return max(0.0, min(_IDLE_WAIT_S, self._store_after - self.clock()))
+        if self._in_flight is not None:
+            return _IDLE_WAIT_S  # its end is an event: it wakes the loop
+        if self._retry:
+            return 0.0
         if self._quarantine and self._attempts:
             return _IDLE_WAIT_S  # a suspect waits for results in flight: their events wake the loop
         if self._stopping:
@@ -323,6 +335,8 @@ class Engine:
                 self._on_finished(*payload)
             elif kind == "cpu":
                 self._on_cpu(*payload)
+            elif kind == "ran":
+                self._on_ran(*payload)
         if deliveries:
             c0 = time.thread_time()
             self._intake(deliveries)
@@ -503,18 +517,88 @@ class Engine:
     # --- batches ------------------------------------------------------------------------------
 
     def _maybe_run_batch(self) -> bool:
+        """Start the next batch on the device thread when it is free: a half of a batch that
+        raised, else the most urgent ready batch. Suspects run alone, synchronously, once nothing
+        else runs (worker.attempts)."""
+        if self._in_flight is not None:
+            return False
         if self._quarantine:
             return self._run_quarantine()
         c0 = time.thread_time()
-        batch = self._buckets.pop_batch(self.clock(), flush=self._stopping)
-        if batch is None:
-            return False
-        live = self._count_attempts(self._live(batch))
+        if self._retry:
+            live = self._live([it for it in self._retry.pop() if not it.req.closed])
+        else:
+            batch = self._buckets.pop_batch(self.clock(), flush=self._stopping)
+            if batch is None:
+                return False
+            live = self._count_attempts(self._live(batch))
         if live:
-            self._run_split(live)
-            self._finish_done({item.req for item in live})
+            self._launch(live)
         self.stats.charge("batch", time.thread_time() - c0)
         return True
+
+    def _launch(self, items: list[_Seq]) -> None:
+        self.progress = self.clock()  # each batch is progress: leases keep renewing through long requests
+        t0 = self.clock()
+        for it in items:
+            if it.req.started is None:
+                it.req.started = t0
+        self._in_flight = items
+        fut = self._device.submit(self._device_run, [it.seq for it in items])
+        fut.add_done_callback(partial(self._post_ran, items, t0))
+
+    def _device_run(self, seqs: list[Any]) -> list[Any]:
+        """(device thread) one forward pass."""
+        c0 = time.thread_time()
+        try:
+            return self.pipeline.run_batch(self.model, seqs, self.settings.precision, self.settings.row_tokens or None)
+        except Exception:
+            _release_device_memory()
+            raise
+        finally:
+            self.stats.charge("device_thread", time.thread_time() - c0)
+
+    def _post_ran(self, items: list[_Seq], t0: float, fut: Future) -> None:
+        self._events.put(("ran", items, t0, fut))
+
+    def _on_ran(self, items: list[_Seq], t0: float, fut: Future) -> None:
+        """A batch is back from the device: its outputs, or (it raised) its halves to run next."""
+        self._in_flight = None
+        self.progress = self.clock()
+        try:
+            outs = fut.result()
+            if len(outs) != len(items):
+                raise RuntimeError(f"run_batch returned {len(outs)} outputs for {len(items)} sequences")
+        except Exception as e:
+            self.stats.batches_raised += 1
+            self.metrics.observe_batch([it.tokens for it in items], ok=False)
+            live = [it for it in items if not it.req.closed]  # a row failed in an earlier half
+            if len(live) == 1:
+                req = live[0].req
+                log.warning("request %s fails alone: %s: %s", req.rid, type(e).__name__, e)
+                self._fail(
+                    req, ModelError(f"the model failed on this request alone: {type(e).__name__}: {_clip(str(e))}")
+                )
+            elif live:
+                log.warning("batch of %d sequences raised %s: %s; splitting", len(live), type(e).__name__,
+                            _clip(str(e)))
+                mid = len(live) // 2
+                self._retry += [live[mid:], live[:mid]]  # a stack: the first half runs next
+            return
+        self._apply(items, outs, (self.clock() - t0) * 1e3)
+        self._finish_done({it.req for it in items})
+
+    def _apply(self, items: list[_Seq], outs: list[Any], elapsed_ms: float) -> None:
+        """Hand a batch's outputs to their requests."""
+        self.stats.batches += 1
+        self.metrics.observe_batch([it.tokens for it in items], ok=True)
+        for it, out in zip(items, outs, strict=True):
+            if it.req.closed:  # failed meanwhile (another of its windows failed alone)
+                continue
+            it.req.outputs[it.index] = out
+            it.req.remaining -= 1
+        for req in {it.req for it in items}:
+            req.model_ms += elapsed_ms
 
     def _live(self, items: list[_Seq]) -> list[_Seq]:
         """The items still worth running: not closed; requests past their deadline are answered."""
@@ -632,7 +716,8 @@ class Engine:
         self._fail(req, PoisonRequest(reason))
 
     def _run_split(self, items: list[_Seq]) -> None:
-        """Run one batch; on an exception split it in halves and retry, down to single sequences."""
+        """Run one batch here, synchronously (suspects, alone); on an exception split it in halves and
+        retry, down to single sequences."""
         items = [it for it in items if not it.req.closed]  # a row failed in an earlier half
         if not items:
             return
@@ -662,14 +747,7 @@ class Engine:
             self._run_split(items[:mid])
             self._run_split(items[mid:])
             return
-        elapsed_ms = (self.clock() - t0) * 1e3
-        self.stats.batches += 1
-        self.metrics.observe_batch([it.tokens for it in items], ok=True)
-        for it, out in zip(items, outs, strict=True):
-            it.req.outputs[it.index] = out
-            it.req.remaining -= 1
-        for req in {it.req for it in items}:
-            req.model_ms += elapsed_ms
+        self._apply(items, outs, (self.clock() - t0) * 1e3)
 
     def _finish(self, req: _Request) -> tuple[RowResult, dict[str, Any] | None]:
         """(CPU thread) decode a row whose sequences all ran."""
