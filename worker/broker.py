@@ -31,6 +31,7 @@ import uuid
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
@@ -40,6 +41,7 @@ from worker.retry import BLOCKED, REFUSED_ERRORS, RETRY_ERRORS, until_written
 
 log = logging.getLogger(__name__)
 
+_BINDING_REFUSED: tuple[type[Exception], ...] = (*REFUSED_ERRORS, redis.exceptions.ExecAbortError)
 TAKE_MAX = 64  # items one take may return (fewer when the QoS credit is lower)
 _REFUSED_PAUSE_S = 0.5  # after Redis refused a take (full), the next one waits this long
 
@@ -175,6 +177,14 @@ class TolerantChannel(kombu_redis.Channel):
 
     def _restore(self, message: Any, leftmost: bool = False) -> None:
         self.qos.restore_by_tag(message.delivery_tag, leftmost=leftmost)
+
+    def maybe_refresh_binding_expiry(self) -> None:
+        # kombu refreshes the bindings of expiring queues (Celery's pidbox) every second with a
+        # script; while Redis refuses writes it logged a traceback per tick: wait like any write
+        try:
+            super().maybe_refresh_binding_expiry()
+        except _BINDING_REFUSED as e:  # the next tick tries again
+            BLOCKED.refused("refreshing queue bindings", e)
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
         until_written(lambda: super(TolerantChannel, self)._queue_bind(exchange, routing_key, pattern, queue),

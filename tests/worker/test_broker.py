@@ -174,3 +174,18 @@ def test_a_record_kombu_wrote_itself_is_still_restored(r, redis_url):
         conn.default_channel.qos.restore_by_tag("kombu-tag")
     (item,) = r.lrange(Q, 0, -1)
     assert json.loads(item)["headers"]["id"] == "old-1" and r.hlen(keys.UNACKED_KEY) == 0
+
+
+def test_refreshing_bindings_while_redis_is_full_waits_instead_of_logging_tracebacks(monkeypatch, redis_url, caplog):
+    from kombu.transport import redis as kombu_redis
+
+    from worker.retry import BLOCKED
+
+    def full(self):
+        raise redis_lib.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
+
+    monkeypatch.setattr(kombu_redis.Channel, "maybe_refresh_binding_expiry", full)
+    with _connection(redis_url) as conn:
+        conn.default_channel.maybe_refresh_binding_expiry()  # no exception: kombu would log a traceback
+    assert BLOCKED.since is not None and "refreshing queue bindings" in caplog.text
+    BLOCKED.accepted()
