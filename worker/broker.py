@@ -156,9 +156,13 @@ class TolerantChannel(kombu_redis.Channel):
             if flush is not None:
                 flush()
 
-    def _deliver_taken(self, list_key: bytes, tag: bytes, item: bytes) -> None:
+    def _triaged(self, list_key: bytes, tag: bytes, item: bytes) -> tuple[str, messages.Triage]:
+        """(queue, triage) of an item a take returned from `list_key` (a queue or its priority list)."""
         dest = bytes_to_str(list_key).rsplit(self.sep, 1)[0]
-        checked = messages.triage(item, dest, bytes_to_str(tag))
+        return dest, messages.triage(item, dest, bytes_to_str(tag))
+
+    def _deliver_taken(self, list_key: bytes, tag: bytes, item: bytes) -> None:
+        dest, checked = self._triaged(list_key, tag, item)
         if checked.refused is not None:
             log.warning("queue item on %s refused: %s", dest, checked.refused)
         try:
@@ -172,8 +176,7 @@ class TolerantChannel(kombu_redis.Channel):
             reply = client.execute_command(*self._take_args(self._take_lists([queue]), 1))
         if not reply:
             raise kombu_redis.Empty()
-        list_key, tag, item = reply
-        return messages.triage(item, bytes_to_str(list_key).rsplit(self.sep, 1)[0], bytes_to_str(tag)).envelope
+        return self._triaged(*reply)[1].envelope
 
     def _restore(self, message: Any, leftmost: bool = False) -> None:
         self.qos.restore_by_tag(message.delivery_tag, leftmost=leftmost)

@@ -45,7 +45,7 @@ class Rendered:
 class _Lite:
     """What prepare / finish / the SystemOne steps read from a model: no weights."""
 
-    def __init__(self, checkpoint: str):
+    def __init__(self, checkpoint: str, name: str):
         from tokenizers import Tokenizer
 
         from vela2.calibration import Calibration
@@ -55,7 +55,7 @@ class _Lite:
         self.config = Vela2Config.read(path)
         self.tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         self.calibration = Calibration.read(path)
-        self.name = self.config.name
+        self.name = name  # the served model's name (SystemOne requests must name it)
 
 
 def _portable(e: BaseException) -> BaseException:
@@ -72,8 +72,7 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
     import vela2.pipeline as pipeline
     from vela2 import systemone
 
-    lite = _Lite(checkpoint)
-    lite.name = model_name
+    lite = _Lite(checkpoint, model_name)
     held: dict[int, tuple[Any, Any]] = {}
     while True:
         try:

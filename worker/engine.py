@@ -537,12 +537,16 @@ class Engine:
         self.stats.charge("batch", time.thread_time() - c0)
         return True
 
-    def _launch(self, items: list[_Seq]) -> None:
-        self.progress = self.clock()  # each batch is progress: leases keep renewing through long requests
-        t0 = self.clock()
+    def _start(self, items: list[_Seq]) -> float:
+        """Mark a batch as started; returns its start time."""
+        self.progress = t0 = self.clock()  # each batch is progress: leases keep renewing through long requests
         for it in items:
             if it.req.started is None:
                 it.req.started = t0
+        return t0
+
+    def _launch(self, items: list[_Seq]) -> None:
+        t0 = self._start(items)
         self._in_flight = items
         fut = self._device.submit(self._device_run, [it.seq for it in items])
         fut.add_done_callback(partial(self._post_ran, items, t0))
@@ -566,27 +570,29 @@ class Engine:
         self._in_flight = None
         self.progress = self.clock()
         try:
-            outs = fut.result()
-            if len(outs) != len(items):
-                raise RuntimeError(f"run_batch returned {len(outs)} outputs for {len(items)} sequences")
+            outs = _checked(items, fut.result())
         except Exception as e:
-            self.stats.batches_raised += 1
-            self.metrics.observe_batch([it.tokens for it in items], ok=False)
-            live = [it for it in items if not it.req.closed]  # a row failed in an earlier half
-            if len(live) == 1:
-                req = live[0].req
-                log.warning("request %s fails alone: %s: %s", req.rid, type(e).__name__, e)
-                self._fail(
-                    req, ModelError(f"the model failed on this request alone: {type(e).__name__}: {_clip(str(e))}")
-                )
-            elif live:
-                log.warning("batch of %d sequences raised %s: %s; splitting", len(live), type(e).__name__,
-                            _clip(str(e)))
-                mid = len(live) // 2
-                self._retry += [live[mid:], live[:mid]]  # a stack: the first half runs next
+            self._retry += self._raised(items, e)
             return
         self._apply(items, outs, (self.clock() - t0) * 1e3)
         self._finish_done({it.req for it in items})
+
+    def _raised(self, items: list[_Seq], e: Exception) -> list[list[_Seq]]:
+        """A batch raised: a sequence alone fails only its row; a larger batch gives its two halves
+        to run next (as a stack: the first half last)."""
+        self.stats.batches_raised += 1
+        self.metrics.observe_batch([it.tokens for it in items], ok=False)
+        live = [it for it in items if not it.req.closed]  # a row failed in an earlier half
+        if len(live) == 1:
+            req = live[0].req
+            log.warning("request %s fails alone: %s: %s", req.rid, type(e).__name__, e)
+            self._fail(req, ModelError(f"the model failed on this request alone: {type(e).__name__}: {_clip(str(e))}"))
+            return []
+        if not live:
+            return []
+        log.warning("batch of %d sequences raised %s: %s; splitting", len(live), type(e).__name__, _clip(str(e)))
+        mid = len(live) // 2
+        return [live[mid:], live[:mid]]
 
     def _apply(self, items: list[_Seq], outs: list[Any], elapsed_ms: float) -> None:
         """Hand a batch's outputs to their requests."""
@@ -718,36 +724,18 @@ class Engine:
     def _run_split(self, items: list[_Seq]) -> None:
         """Run one batch here, synchronously (suspects, alone); on an exception split it in halves and
         retry, down to single sequences."""
-        items = [it for it in items if not it.req.closed]  # a row failed in an earlier half
-        if not items:
-            return
-        self.progress = self.clock()  # each batch is progress: leases keep renewing through long requests
-        t0 = self.clock()
-        for it in items:
-            if it.req.started is None:
-                it.req.started = t0
-        try:
-            seqs = [it.seq for it in items]
-            outs = self.pipeline.run_batch(self.model, seqs, self.settings.precision, self.settings.row_tokens or None)
-            if len(outs) != len(items):
-                raise RuntimeError(f"run_batch returned {len(outs)} outputs for {len(items)} sequences")
-        except Exception as e:
-            self.stats.batches_raised += 1
-            self.metrics.observe_batch([it.tokens for it in items], ok=False)
-            _release_device_memory()
-            if len(items) == 1:
-                req = items[0].req
-                log.warning("request %s fails alone: %s: %s", req.rid, type(e).__name__, e)
-                self._fail(
-                    req, ModelError(f"the model failed on this request alone: {type(e).__name__}: {_clip(str(e))}")
-                )
-                return
-            log.warning("batch of %d sequences raised %s: %s; splitting", len(items), type(e).__name__, _clip(str(e)))
-            mid = len(items) // 2
-            self._run_split(items[:mid])
-            self._run_split(items[mid:])
-            return
-        self._apply(items, outs, (self.clock() - t0) * 1e3)
+        todo = [items]
+        while todo:
+            items = [it for it in todo.pop() if not it.req.closed]  # a row failed in an earlier half
+            if not items:
+                continue
+            t0 = self._start(items)
+            try:
+                outs = _checked(items, self._device_run([it.seq for it in items]))
+            except Exception as e:
+                todo += self._raised(items, e)
+                continue
+            self._apply(items, outs, (self.clock() - t0) * 1e3)
 
     def _finish(self, req: _Request) -> tuple[RowResult, dict[str, Any] | None]:
         """(CPU thread) decode a row whose sequences all ran."""
@@ -927,6 +915,13 @@ class Engine:
                 msg.delivery.reject(True)
             except Exception as e:
                 log.error("returning message %s failed: %s", msg.id, e)
+
+
+def _checked(items: list[_Seq], outs: list[Any]) -> list[Any]:
+    """run_batch's outputs, one per sequence (else RuntimeError)."""
+    if len(outs) != len(items):
+        raise RuntimeError(f"run_batch returned {len(outs)} outputs for {len(items)} sequences")
+    return outs
 
 
 def _task_of(req: _Request) -> str | None:

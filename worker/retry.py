@@ -13,14 +13,14 @@ from typing import TypeVar
 
 import redis
 
+from vela2.wire.results import REFUSED_ERRORS
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Redis refuses the write for now (retry it): full, loading, read-only. A connection error is the
-# same for the caller: Redis will be back.
-REFUSED_ERRORS: tuple[type[Exception], ...] = (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError,
-                                               redis.exceptions.ReadOnlyError)
+# Redis refuses the write for now (vela2.wire.results.REFUSED_ERRORS: full, loading, read-only);
+# a connection error is the same for the caller: Redis will be back.
 RETRY_ERRORS: tuple[type[Exception], ...] = (*REFUSED_ERRORS, redis.exceptions.ConnectionError,
                                              redis.exceptions.TimeoutError)
 _LOG_EVERY_S = 30.0

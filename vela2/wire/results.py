@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import redis
+
 from vela2 import errors
 from vela2.schemas import RowResult, Status
 from vela2.wire.keys import result_key, submitted_key
@@ -86,6 +88,10 @@ return out
 """
 
 _MANY_MAX = 512  # results per STORE_MANY / EXISTS_MANY call
+
+# Redis refuses a write for now (retry it later): full under noeviction, loading, a read-only replica.
+REFUSED_ERRORS: tuple[type[Exception], ...] = (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError,
+                                               redis.exceptions.ReadOnlyError)
 
 
 def _error_class_names() -> dict[str, str]:
@@ -213,8 +219,6 @@ class ResultStore:
         One call per 512 results; should Redis refuse such a call for what one value is (too
         large), its items are written one by one in a pipeline, each meeting only its own error.
         Raises only when a round trip itself fails (Redis away)."""
-        import redis
-
         out: list[bool | Exception] = [False] * len(items)
         ttls = [int(self.ttl_s), int(self.ttl_s) + int(self.expired_marker_s)]
         ready: list[tuple[int, list[bytes], bytes]] = []
@@ -230,8 +234,7 @@ class ResultStore:
             try:
                 flags = self._store_many(keys=[key for _, ks, _ in part for key in ks],
                                          args=[*ttls, *(v for _, _, v in part)])
-            except (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError,
-                    redis.exceptions.ReadOnlyError) as e:  # refused whole: every item waits
+            except REFUSED_ERRORS as e:  # refused whole: every item waits
                 for i, _, _ in part:
                     out[i] = e
                 continue
