@@ -46,6 +46,7 @@ from bench.queue_bench import (
     cpu_meter,
     gpu_info,
     machine_info,
+    profile_path,
     short_rows,
     start_vela2_worker,
     write_bench_checkpoint,
@@ -89,9 +90,53 @@ def device_alone(model: Any, rows: list[dict[str, Any]], args: argparse.Namespac
         run_batch(model, [seqs[k] for k in b], args.precision, args.row_tokens or None)
     _sync(model)
     seconds = _now() - t0
+    one = batches[len(batches) // 2]  # a full batch
+
+    def one_batch() -> None:
+        run_batch(model, [seqs[k] for k in one], args.precision, args.row_tokens or None)
+
+    t1 = _now()
+    one_batch()
+    alone_s = _now() - t1
+    probe = {"batch_sequences": len(one), "alone_s": round(alone_s, 4)}
+    for interval_ms in (5.0, 0.5):  # Python's default, the worker's default (worker.settings)
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(interval_ms / 1e3)
+        try:
+            probe[f"switch_{interval_ms:g}ms"] = gil_probe(one_batch, alone_s)
+        finally:
+            sys.setswitchinterval(old)
     return {"rows": len(rows), "sequences": len(seqs), "batches": len(batches),
             "tokens": sum(s.num_tokens for s in seqs), "seconds": round(seconds, 3),
-            "rows_per_s": round(len(rows) / seconds, 2)}
+            "rows_per_s": round(len(rows) / seconds, 2), "gil_probe": probe}
+
+
+def gil_probe(work: Any, alone_s: float) -> dict[str, float]:
+    """What one busy pure-Python thread does to `work` (one run_batch): its slowdown against
+    `alone_s`, and the share of the GIL the busy thread still got (its counting rate while `work`
+    runs over its rate alone). torch releases the GIL around each op it dispatches and takes it back
+    after, so every op of the batch may wait for the busy thread: up to the switch interval."""
+    import threading
+
+    def count(seconds: float | None, stop: threading.Event, out: list[int]) -> None:
+        n, end = 0, (_now() + seconds) if seconds else None
+        while not stop.is_set() and (end is None or _now() < end):
+            for _ in range(1000):
+                n += 1
+        out.append(n)
+
+    alone: list[int] = []
+    count(0.5, threading.Event(), alone)
+    stop, during = threading.Event(), []
+    t = threading.Thread(target=count, args=(None, stop, during))
+    t0 = _now()
+    t.start()
+    work()
+    seconds = _now() - t0
+    stop.set()
+    t.join()
+    share = (during[0] / seconds) / (alone[0] / 0.5)
+    return {"slowdown": round(seconds / alone_s, 2), "busy_thread_share": round(share, 3), "seconds": round(seconds, 4)}
 
 
 def predict_alone(model: Any, rows: list[dict[str, Any]], args: argparse.Namespace) -> tuple[dict[str, Any], list]:
@@ -119,8 +164,9 @@ def queue_path(url: str, model_name: str, rows: list[dict[str, Any]], chunk: int
     meter: dict[str, Any] = {}
     try:
         with cpu_meter({"worker": [worker_pid]}, meter):
-            t0 = _now()
+            t0, m0 = _now(), time.monotonic()  # monotonic: the clock of the worker's batch records
             ids = client.submit_many(tagged, chunk_size=chunk)
+            submitted_s = _now() - t0
             got: dict[str, Any] = {}
             missing = list(ids)
             deadline = time.monotonic() + timeout_s
@@ -136,7 +182,39 @@ def queue_path(url: str, model_name: str, rows: list[dict[str, Any]], chunk: int
     ok = sum(1 for v in got.values() if str(getattr(v.status, "value", v.status)) == "ok")
     answers = {rid.rsplit("#", 1)[0]: v.to_json_dict() for rid, v in got.items()}
     return {"rows": len(rows), "seconds": round(seconds, 3), "rows_per_s": round(len(got) / seconds, 2),
-            "ok": ok, "lost": len(rows) - ok, "worker_cpu_s": meter.get("cpu_seconds", {}).get("worker")}, answers
+            "ok": ok, "lost": len(rows) - ok, "worker_cpu_s": meter.get("cpu_seconds", {}).get("worker"),
+            "submit_seconds": round(submitted_s, 3), "window": [round(m0, 4), round(m0 + seconds, 4)]}, answers
+
+
+def device_timeline(stats: dict[str, Any] | None, window: list[float]) -> dict[str, Any] | None:
+    """What the worker's device did inside the queue phase (its engine's recent batches, on the host's
+    shared monotonic clock): busy fraction, batches, sequences per batch, the idle gaps between a
+    batch's end and the next launch, and what waited / rendered / was held at each launch."""
+    recent = (stats or {}).get("recent_batches")
+    if not recent:
+        return None
+    rows = [dict(zip(recent["fields"], r, strict=True)) for r in recent["rows"]]
+    t0, t1 = window
+    rows = [r for r in rows if r["launched"] >= t0 and r["device_start"] <= t1]
+    if not rows:
+        return None
+    busy = sum(min(r["device_end"], t1) - max(r["device_start"], t0) for r in rows)
+    gaps = [b["device_start"] - a["device_end"] for a, b in zip(rows, rows[1:], strict=False)]  # device idle
+
+    def mean(xs: list[float]) -> float | None:
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    return {"busy_fraction": round(busy / (t1 - t0), 3), "batches": len(rows),
+            "first_launch_s": round(rows[0]["launched"] - t0, 3),
+            "sequences_per_batch": mean([r["sequences"] for r in rows]),
+            "device_s_per_batch": mean([r["device_end"] - r["device_start"] for r in rows]),
+            "gap_s_mean": mean(gaps), "gap_s_max": round(max(gaps), 4) if gaps else None,
+            "waiting_at_launch": mean([r["waiting"] for r in rows]),
+            "rendering_at_launch": mean([r["rendering"] for r in rows]),
+            "held_at_launch": mean([r["held"] for r in rows]),
+            "batches_list": [[round(r["launched"] - t0, 3), round(r["device_start"] - t0, 3),
+                              round(r["device_end"] - t0, 3), r["sequences"], r["waiting"], r["rendering"], r["held"]]
+                             for r in rows]}
 
 
 def compare_answers(left: list[dict[str, Any]], right: list[dict[str, Any]]) -> dict[str, Any]:
@@ -206,17 +284,22 @@ def run_shape(shape: str, args: argparse.Namespace, work: Path, emit: Any) -> No
     model.to("meta")  # the workers need the device memory
     del model
     _free_device(args.device)
-    arms = [(wl, rows, dev, pred, dicts, args.cpu_processes) for wl, rows, dev, pred, dicts in plans]
+    base = {"cpu_processes": args.cpu_processes}
+    arms = [(wl, rows, dev, pred, dicts, "default", base) for wl, rows, dev, pred, dicts in plans]
     if args.threads_baseline:  # the same short rows through a worker rendering in threads
-        arms += [(wl, rows, dev, pred, dicts, 0) for wl, rows, dev, pred, dicts in plans if wl == "short1"]
+        arms += [(wl, rows, dev, pred, dicts, "threads", {"cpu_processes": 0})
+                 for wl, rows, dev, pred, dicts in plans if wl == "short1"]
+    for name, overrides in args.variant:  # the same workloads with other worker settings
+        arms += [(wl, rows, dev, pred, dicts, name, {**base, **overrides}) for wl, rows, dev, pred, dicts in plans
+                 if wl in args.variant_workloads]
     with bench_redis(work / f"redis-{shape}", args.redis_url) as (url, what, _):
-        for wl, rows, dev, pred, pred_dicts, cpu_processes in arms:
+        for wl, rows, dev, pred, pred_dicts, variant, overrides in arms:
             settings = {"redis_url": url, "checkpoint": ckpt, "device": args.device, "precision": args.precision,
                         "max_batch_tokens": args.max_batch_tokens, "max_wait_ms": args.max_wait_ms,
                         "max_buffered": args.max_buffered, "render_threads": args.render_threads,
-                        "cpu_processes": cpu_processes, "row_tokens": args.row_tokens, "attn": args.attn,
-                        "random_weights": 1}
-            w = start_vela2_worker(f"{shape}-{wl}-p{cpu_processes}", work, settings)
+                        "row_tokens": args.row_tokens, "attn": args.attn, "random_weights": 1, **overrides}
+            cpu_processes = settings["cpu_processes"]
+            w = start_vela2_worker(f"{shape}-{wl}-{variant}", work, settings, profile=args.profile)
             try:
                 w.wait_ready(READY_TIMEOUT_S)
                 queue_path(url, model_name, short_rows(24, "warm-", seed=99), 1, args.timeout_s, w.pid)  # warm-up
@@ -224,11 +307,13 @@ def run_shape(shape: str, args: argparse.Namespace, work: Path, emit: Any) -> No
             finally:
                 w.terminate(120)
             stats = w.engine_stats()
+            profile = json.loads(profile_path(w).read_text()) if args.profile and profile_path(w).exists() else None
             right = [answers.get(r["id"], {"status": "missing"}) for r in rows]
             cmp = compare_answers(pred_dicts, right)
             ratio = q["rows_per_s"] / dev["rows_per_s"]
             record = {
                 "model": shape, "workload": wl, "chunk_size": WORKLOADS[wl], "cpu_processes": cpu_processes,
+                "variant": variant, "overrides": overrides,
                 "device_rows_per_s": dev["rows_per_s"], "predict_rows_per_s": pred["rows_per_s"],
                 "queue_rows_per_s": q["rows_per_s"], "ratio_vs_device": round(ratio, 3),
                 "ratio_predict_vs_device": round(pred["rows_per_s"] / dev["rows_per_s"], 3),
@@ -239,6 +324,8 @@ def run_shape(shape: str, args: argparse.Namespace, work: Path, emit: Any) -> No
                 "worker_rows_per_batch": round(stats["answered"] / stats["batches"], 1)
                 if stats and stats.get("batches") else None,
                 "worker_process_cpu_s_in_phase": q["worker_cpu_s"],
+                "device_timeline": device_timeline(stats, q["window"]),
+                **({"worker_profile": profile} if profile else {}),
                 "device": dev, "predict": pred, "queue": q, "redis": what,
             }
             log.info("%s %s: queue %.1f rows/s = %.3f of the device (lost %d, %d decision diffs); CPU ms/request %s",
@@ -278,16 +365,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--cpu-processes", type=int, default=-1, help="worker render / decode processes (-1: auto)")
     ap.add_argument("--threads-baseline", action="store_true",
                     help="also run short1 through a worker rendering in threads (cpu_processes 0)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:K=V,K=V",
+                    help="also run the --variant-workloads through a worker with these settings (repeatable)")
+    ap.add_argument("--variant-workloads", default="short1", help="comma list: the workloads variants run")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile every worker thread (cProfile on thread CPU time; slows the worker)")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="longest wait for one phase's results")
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--out", default="bench/results/gpu-hotpath.json")
     args = ap.parse_args(argv)
     args.shapes = args.shapes.split(",")
     args.workloads = args.workloads.split(",")
+    args.variant_workloads = args.variant_workloads.split(",")
+    variants = []
+    for v in args.variant:
+        name, _, kvs = v.partition(":")
+        try:
+            variants.append((name, {k: _setting_value(x) for k, _, x in (kv.partition("=") for kv in kvs.split(","))}))
+        except ValueError:
+            ap.error(f"--variant {v!r}: expected NAME:KEY=VALUE[,KEY=VALUE]")
+    args.variant = variants
     if set(args.shapes) - set(SHAPES) or set(args.workloads) - set(WORKLOADS):
         ap.error(f"--shapes from {sorted(SHAPES)}, --workloads from {sorted(WORKLOADS)}")
     args.precision = args.precision or ("fp32" if args.device == "cpu" else "bf16")
     return args
+
+
+def _setting_value(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     emit()
     print(f"wrote {out}")
     for r in runs:
-        print(f"{r['model']:>5} {r['workload']:>8} p{r['cpu_processes']:>2}: device {r['device_rows_per_s']:>8.1f}  "
+        print(f"{r['model']:>5} {r['workload']:>8} {r['variant']:>10}: device {r['device_rows_per_s']:>8.1f}  "
               f"predict "
               f"{r['predict_rows_per_s']:>8.1f}  queue {r['queue_rows_per_s']:>8.1f} rows/s  ratio "
               f"{r['ratio_vs_device']:.3f} (goal {r['goal']})  lost {r['lost']}  "

@@ -151,7 +151,7 @@ def bench_redis(workdir: Path, url: str | None = None) -> Iterator[tuple[str, st
         yield server.url(), f"redis-server ({server.exe}) on 127.0.0.1:{server.port}, no persistence", pid
 
 
-def _profile_path(w: WorkerProcess) -> Path:
+def profile_path(w: WorkerProcess) -> Path:
     """Where `_worker --profile` writes the worker's CPU profile (beside its log)."""
     return w.log_path.with_name(f"{w.name}.profile.json")
 
@@ -161,7 +161,7 @@ def start_vela2_worker(name: str, workdir: Path, settings: dict[str, Any], *, cu
     """Start one vela2 worker: `python -m bench.queue_bench _worker` with these settings (flat
     worker.settings names, redis_url and checkpoint among them); `cuda_device` pins it to one GPU
     through CUDA_VISIBLE_DEVICES; `torch_threads` sets OMP_NUM_THREADS (torch's intra-op threads on
-    a CPU); `profile` writes its per-thread CPU profile to `_profile_path`."""
+    a CPU); `profile` writes its per-thread CPU profile to `profile_path`."""
     settings = dict(settings)
     redis_url, checkpoint = settings.pop("redis_url"), settings.pop("checkpoint")
     extra: dict[str, str] = {}
@@ -712,8 +712,8 @@ def run_cpu(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             app.close()
             WorkerProcess.stop_all(every)
         redis_version = _redis_version(url) if args.redis_url else None
-        profiles = {k: json.loads(_profile_path(ws[0]).read_text()) for k, ws in workers.items()
-                    if _profile_path(ws[0]).is_file()}
+        profiles = {k: json.loads(profile_path(ws[0]).read_text()) for k, ws in workers.items()
+                    if profile_path(ws[0]).is_file()}
         engine_stats = {k: _engine_totals(ws) for k, ws in workers.items()}
     best_plain = max(plain, key=lambda r: r["rows_per_s"])
     sides = {}

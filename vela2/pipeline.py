@@ -138,15 +138,10 @@ def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
                                                  pad_to)
     hidden = model.encode(ids, pos, parts, segs, precision)  # (R, L, H) fp32
     opt, words, labels = model.heads(hidden, idx)  # (M,), (N, D), (K, D)
-    # Span logits per block: (W_window, D) @ (D, K) on the device, then one copy to the host.
-    span_blocks = []
-    for b, seq_labels in enumerate(layout.labels):
-        for q, sl in seq_labels:
-            span_blocks.append((b, q, words[layout.words[b]] @ labels[sl].T * model.span_head.scale
-                                + model.span_head.bias))
+    blocks = [(b, q, layout.words[b], sl) for b, seq_labels in enumerate(layout.labels) for q, sl in seq_labels]
+    span_flat = span_logits(words, labels, blocks, model.span_head)  # (sum of W x K,)
     # One device -> host copy (one sync) for the whole batch: option logits, then every span block.
-    parts_dev = [opt.float().reshape(-1), *(x.float().reshape(-1) for _, _, x in span_blocks)]
-    flat_dev = torch.cat(parts_dev) if len(parts_dev) > 1 else parts_dev[0]
+    flat_dev = torch.cat([opt.float().reshape(-1), span_flat])
     if flat_dev.is_cuda:
         # Wait for the device with the GIL released (a stream sync releases it; the copy's own wait
         # would hold it), so the worker's other threads run while the batch does.
@@ -154,16 +149,56 @@ def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
     flat = flat_dev.cpu().numpy()
     opt_host = flat[: opt.numel()]
     span_host, at = [], opt.numel()
-    for _, _, x in span_blocks:
-        span_host.append(flat[at : at + x.numel()].reshape(x.shape))
-        at += x.numel()
+    for _, _, ws, ls in blocks:
+        shape = (ws.stop - ws.start, ls.stop - ls.start)
+        span_host.append(flat[at : at + shape[0] * shape[1]].reshape(shape))
+        at += shape[0] * shape[1]
     outs = [SeqOutput() for _ in sequences]
     for b, seq_opts in enumerate(layout.options):
         for q, sl in seq_opts:
             outs[b].options[q] = opt_host[sl]
-    for (b, q, _), arr in zip(span_blocks, span_host, strict=True):
+    for (b, q, _, _), arr in zip(blocks, span_host, strict=True):
         outs[b].spans[q] = arr
     return outs
+
+
+SPAN_CHUNK_ELEMENTS = 1 << 24  # largest word x label product one span matmul computes (64 MB fp32)
+
+
+def span_logits(words: torch.Tensor, labels: torch.Tensor, blocks: list[tuple[int, int, slice, slice]],
+                head: Any) -> torch.Tensor:
+    """Span logits of every block, flat: block after block, each (W_block, K_block) row-major.
+
+    words: (N, D) projected word states, labels: (K, D) projected label states; a block's logits are
+    words[its words] @ labels[its labels].T * scale + bias. Consecutive blocks hold consecutive word
+    and label slices, so runs of blocks are computed as ONE matmul of their word range by their
+    label range, the blocks' own entries gathered from it: a handful of kernel launches per batch
+    instead of several per block (the device thread launches them holding the GIL, and the worker's
+    other threads contend for it). A run stops before its product passes SPAN_CHUNK_ELEMENTS.
+    """
+    if not blocks:
+        return words.new_zeros((0,), dtype=torch.float32)
+    runs: list[tuple[int, int, int, list[tuple[slice, slice]]]] = []  # (first word, word end, first label, blocks)
+    for _, _, ws, ls in blocks:
+        if runs:
+            wa, wb, la, members = runs[-1]
+            wb = max(wb, ws.stop)
+            if ws.start >= wa and (wb - wa) * (ls.stop - la) <= SPAN_CHUNK_ELEMENTS:
+                members.append((ws, ls))
+                runs[-1] = (wa, wb, la, members)
+                continue
+        runs.append((ws.start, ws.stop, ls.start, [(ws, ls)]))
+    pieces = []
+    for wa, wb, la, members in runs:
+        lb = members[-1][1].stop
+        # flat index of each block entry (word r, label c) in the run's (wb - wa, lb - la) product
+        index = np.concatenate([
+            ((np.arange(ws.start, ws.stop) - wa)[:, None] * (lb - la) + (np.arange(ls.start, ls.stop) - la)[None, :])
+            .reshape(-1) for ws, ls in members])
+        product = words[wa:wb] @ labels[la:lb].T  # (words of the run, labels of the run)
+        pieces.append(product.reshape(-1)[torch.from_numpy(index).to(words.device, non_blocking=True)])
+    flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+    return (flat * head.scale + head.bias).float()
 
 
 def merge_span_windows(rendered: RenderedRow, outputs: list[SeqOutput], question: int) -> np.ndarray:

@@ -103,10 +103,10 @@ class Buckets(Generic[T]):
             return 2 * (sum(w.tokens for w in items) + longest) / capacity + 1 > per_batch
         return max(w.tokens for w in items) * len(items) >= self.max_batch_tokens
 
-    def _candidate(self, items: list[Waiting[T]], now: float, flush: bool) -> list[int] | None:
+    def _candidate(self, items: list[Waiting[T]], now: float, flush: bool, full_only: bool) -> list[int] | None:
         """Indices (into `items`) of the batch this bucket would hand out now, or None."""
         oldest = min(w.since for w in items)
-        aged = flush or oldest + self.max_wait_s <= now
+        aged = not full_only and (flush or oldest + self.max_wait_s <= now)
         if not aged and not self._may_fill(items):
             return None  # neither full nor old: keep waiting for company
         batches = pack([w.tokens for w in items], self.max_batch_tokens, self.row_tokens)
@@ -116,14 +116,15 @@ class Buckets(Generic[T]):
             return None
         return min(batches, key=lambda b: _urgency([items[i] for i in b]))
 
-    def pop_batch(self, now: float, *, flush: bool = False) -> list[T] | None:
+    def pop_batch(self, now: float, *, flush: bool = False, full_only: bool = False) -> list[T] | None:
         """Remove and return the most urgent ready batch (its oldest sequence waited longest), or
-        None when no bucket is full or old enough. `flush`: every bucket counts as old (shutdown)."""
+        None when no bucket is full or old enough. `flush`: every bucket counts as old (shutdown);
+        `full_only`: only a full batch, however old (the next batch queued behind a running one)."""
         best: tuple[tuple[int, float], int, list[int]] | None = None
         for key, items in self._buckets.items():
             if not items:
                 continue
-            chosen = self._candidate(items, now, flush)
+            chosen = self._candidate(items, now, flush, full_only)
             if chosen is None:
                 continue
             urgency = _urgency([items[i] for i in chosen])

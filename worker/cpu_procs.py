@@ -42,7 +42,7 @@ class Rendered:
     task: str | None  # the row's task, for an error result should it fail later
 
 
-class _Lite:
+class ModelFiles:
     """What prepare / finish / the SystemOne steps read from a model: no weights."""
 
     def __init__(self, checkpoint: str, name: str):
@@ -72,7 +72,7 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
     import vela2.pipeline as pipeline
     from vela2 import systemone
 
-    lite = _Lite(checkpoint, model_name)
+    lite = ModelFiles(checkpoint, model_name)
     held: dict[int, tuple[Any, Any]] = {}
     while True:
         try:
@@ -92,7 +92,7 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
                         parsed = systemone.parse_request(obj)
                         systemone.check_model(parsed, lite.name)
                         obj = systemone.to_row(parsed, lite.calibration)
-                    prep = pipeline.prepare(lite, obj)  # type: ignore[arg-type]  # _Lite has what it reads
+                    prep = pipeline.prepare(lite, obj)  # type: ignore[arg-type]  # ModelFiles has what it reads
                     held[key] = (prep, parsed)
                     if len(held) > HELD_MAX:
                         held.pop(next(iter(held)))

@@ -31,10 +31,9 @@ import itertools
 import json
 import logging
 import queue
-import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -52,6 +51,7 @@ from vela2.wire.results import ResultStore, chunk_meta, dead_letter_entry, row_m
 from worker import retry as retry_errors
 from worker.attempts import Attempts, Verdict
 from worker.batching import Buckets
+from worker.device import Ran, ThreadDevice
 from worker.metrics import Metrics
 from worker.settings import EngineSettings
 
@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 STATS_LOG_PREFIX = "vela2 engine stats: "  # then one JSON object (EngineStats.to_dict), logged at stop
 _IDLE_WAIT_S = 0.5  # longest sleep with nothing waiting (new events wake the loop at once)
 _STORE_RETRY_S = 1.0  # pause before retrying a failed result write (Redis away)
+RECENT_BATCHES = 256  # batches EngineStats.recent keeps
+MAX_IN_FLIGHT = 2  # batches handed to the device at once: the running one and the next
+RECENT_FIELDS = ("launched", "device_start", "device_end", "sequences", "tokens", "waiting", "rendering", "held")
 
 
 @dataclass
@@ -134,12 +137,24 @@ class EngineStats:
     # Celery, triage), the leases and the metrics
     cpu_s: dict[str, float] = field(default_factory=dict)
     process_cpu_s: float = 0.0
+    device_s: float = 0.0  # wall seconds the device thread spent in run_batch (its busy time)
+    # the last batches, oldest first: (launched, device start, device end) on time.monotonic (shared
+    # by every process of a host, so a benchmark can place them in its own timeline), sequences,
+    # tokens, and at launch the sequences left waiting, the rows in render and the messages held
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
     _cpu_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def charge(self, stage: str, seconds: float) -> None:
         """Add `seconds` of CPU to `stage` (any thread)."""
         with self._cpu_lock:
             self.cpu_s[stage] = self.cpu_s.get(stage, 0.0) + seconds
+
+    def ran(self, record: list[float | int], start: float, end: float) -> None:
+        """(device thread) the batch of `record` (see `recent`) ran on the device from start to end."""
+        with self._cpu_lock:
+            self.device_s += end - start
+            record[1:3] = [round(start, 4), round(end, 4)]
+            self.recent.append(record)
 
     def to_dict(self) -> dict[str, Any]:
         """The counts as JSON-able data (the `vela2 engine stats` log line that tools read)."""
@@ -155,6 +170,8 @@ class EngineStats:
             "dead_lettered": self.dead_lettered,
             "cpu_s": {k: round(v, 4) for k, v in sorted(self.cpu_s.items())},
             "process_cpu_s": round(self.process_cpu_s, 4),
+            "device_s": round(self.device_s, 4),
+            "recent_batches": {"fields": list(RECENT_FIELDS), "rows": [list(r) for r in self.recent]},
         }
 
     def summary(self) -> str:
@@ -183,6 +200,7 @@ class Engine:
         leases: Any = None,
         release_held: Callable[[list[str]], None] | None = None,
         cpu: Any = None,
+        device: Any = None,
     ):
         if pipeline is None:
             import vela2.pipeline as pipeline  # the model stack; tests inject a fake
@@ -223,10 +241,12 @@ class Engine:
         self._working: dict[str, _Request] = {}  # id -> the request of this engine answering it (until stored)
         self._followers: dict[str, list[_Message]] = {}  # id -> other messages waiting on that answer
         self._pool = ThreadPoolExecutor(max(1, settings.render_threads), thread_name_prefix="vela2-cpu")
-        # run_batch runs in its own thread, one batch at a time, so this thread keeps taking, rendering
-        # and storing while the device works (and the next batch fills meanwhile)
-        self._device = ThreadPoolExecutor(1, thread_name_prefix="vela2-device")
-        self._in_flight: list[_Seq] | None = None  # the batch the device runs now
+        # run_batch runs on worker.device's runner (a thread here, or a process of its own), so this
+        # thread keeps taking, rendering and storing while the device works
+        self.device = device or ThreadDevice(pipeline, model, settings.precision, settings.row_tokens or None)
+        # the batches handed to the device, oldest (running) first: at most MAX_IN_FLIGHT, the next
+        # one only when full, so the device starts it the moment the running one ends
+        self._in_flight: list[list[_Seq]] = []
         self._retry: list[list[_Seq]] = []  # halves of a batch that raised, run before any new batch
         self._lock = threading.Lock()  # guards _accepting and message finalization
         self._accepting = True
@@ -265,7 +285,7 @@ class Engine:
                 log.error("engine still busy after the shutdown timeout (%.0f s); returning what it holds", timeout_s)
                 self._return_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._device.shutdown(wait=False, cancel_futures=True)
+        self.device.close()
         if self.cpu is not None:
             self.cpu.close()
         if self.leases is not None:
@@ -300,8 +320,8 @@ class Engine:
             return 0.0
         if self._to_store:
             return max(0.0, min(_IDLE_WAIT_S, self._store_after - self.clock()))
-        if self._in_flight is not None:
-            return _IDLE_WAIT_S  # its end is an event: it wakes the loop
+        if self._in_flight:
+            return _IDLE_WAIT_S  # its end is an event: it wakes the loop (and a full next batch: its renders)
         if self._retry:
             return 0.0
         if self._quarantine and self._attempts:
@@ -520,15 +540,16 @@ class Engine:
         """Start the next batch on the device thread when it is free: a half of a batch that
         raised, else the most urgent ready batch. Suspects run alone, synchronously, once nothing
         else runs (worker.attempts)."""
-        if self._in_flight is not None:
-            return False
+        if len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and (self._quarantine or self._retry)):
+            return False  # suspects and the halves of a batch that raised wait for a free device
         if self._quarantine:
             return self._run_quarantine()
         c0 = time.thread_time()
         if self._retry:
             live = self._live([it for it in self._retry.pop() if not it.req.closed])
         else:
-            batch = self._buckets.pop_batch(self.clock(), flush=self._stopping)
+            # behind a running batch only a full one: a partial one may still gain company meanwhile
+            batch = self._buckets.pop_batch(self.clock(), flush=self._stopping, full_only=bool(self._in_flight))
             if batch is None:
                 return False
             live = self._count_attempts(self._live(batch))
@@ -547,30 +568,27 @@ class Engine:
 
     def _launch(self, items: list[_Seq]) -> None:
         t0 = self._start(items)
-        self._in_flight = items
-        fut = self._device.submit(self._device_run, [it.seq for it in items])
-        fut.add_done_callback(partial(self._post_ran, items, t0))
+        self._in_flight.append(items)
+        record = [round(time.monotonic(), 4), 0.0, 0.0, len(items), sum(it.tokens for it in items),
+                  len(self._buckets), sum(1 for r in self._in_cpu.values() if r.prep is None), len(self._messages)]
+        fut = self.device.submit([it.seq for it in items])
+        fut.add_done_callback(partial(self._post_ran, items, t0, record))
 
-    def _device_run(self, seqs: list[Any]) -> list[Any]:
-        """(device thread) one forward pass."""
-        c0 = time.thread_time()
-        try:
-            return self.pipeline.run_batch(self.model, seqs, self.settings.precision, self.settings.row_tokens or None)
-        except Exception:
-            _release_device_memory()
-            raise
-        finally:
-            self.stats.charge("device_thread", time.thread_time() - c0)
-
-    def _post_ran(self, items: list[_Seq], t0: float, fut: Future) -> None:
+    def _post_ran(self, items: list[_Seq], t0: float, record: list[float | int], fut: Future) -> None:
+        if fut.exception() is None:
+            self._charge_ran(record, fut.result())
         self._events.put(("ran", items, t0, fut))
+
+    def _charge_ran(self, record: list[float | int], ran: Ran) -> None:
+        self.stats.charge(self.device.stage, ran.cpu_s)
+        self.stats.ran(record, ran.start, ran.end)
 
     def _on_ran(self, items: list[_Seq], t0: float, fut: Future) -> None:
         """A batch is back from the device: its outputs, or (it raised) its halves to run next."""
-        self._in_flight = None
+        self._in_flight = [b for b in self._in_flight if b is not items]
         self.progress = self.clock()
         try:
-            outs = _checked(items, fut.result())
+            outs = _checked(items, fut.result().outputs)
         except Exception as e:
             self._retry += self._raised(items, e)
             return
@@ -730,8 +748,11 @@ class Engine:
             if not items:
                 continue
             t0 = self._start(items)
+            record = [round(time.monotonic(), 4), 0.0, 0.0, len(items), sum(it.tokens for it in items), 0, 0, 1]
             try:
-                outs = _checked(items, self._device_run([it.seq for it in items]))
+                ran = self.device.submit([it.seq for it in items]).result()
+                self._charge_ran(record, ran)
+                outs = _checked(items, ran.outputs)
             except Exception as e:
                 todo += self._raised(items, e)
                 continue
@@ -943,8 +964,3 @@ def _clip(text: str, n: int = 300) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _release_device_memory() -> None:
-    """After a failed batch (often CUDA OOM), hand cached blocks back before the retry."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()

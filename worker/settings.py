@@ -71,6 +71,12 @@ class WorkerSettings:
     attn: str = setting("sdpa", "attention backend: sdpa (dense tree mask) or flex (block-sparse, compiled)",
                         choices=ATTN_BACKENDS)
     random_weights: int = setting(0, "1: seeded random weights instead of the stored ones (benchmarks only)")
+    device_process: int = setting(-1, "1: run the model in a spawned process of its own (no other thread there "
+                                      "takes the GIL its kernel launches need); 0: in a thread of the worker "
+                                      "process; -1: auto (1 on a GPU, 0 on a CPU)")
+    switch_interval_ms: float = setting(0.5, "Python's thread switch interval (sys.setswitchinterval; Python's "
+                                             "default is 5): each kernel launch of the device thread waits at "
+                                             "most this for the GIL the intake and store threads hold")
     task_events: int = setting(0, "1: send Celery task events for Flower (also on with `celery worker -E`)")
     engine: EngineSettings = field(default_factory=EngineSettings)
 
@@ -129,6 +135,12 @@ class WorkerSettings:
             return 0
         return max(1, min(4, (os.cpu_count() or 2) - 2))
 
+    def resolved_device_process(self) -> bool:
+        """Whether the model runs in a process of its own (device_process, with -1 resolved)."""
+        if self.device_process >= 0:
+            return bool(self.device_process)
+        return self.device.startswith("cuda")
+
     def validate(self) -> None:
         """Raise ConfigError naming the first inconsistent setting."""
         for spec in specs():
@@ -144,6 +156,10 @@ class WorkerSettings:
                 raise ConfigError(f"{name} must be >= 0; got {_get(self, name)}")
         if self.engine.cpu_processes < -1:
             raise ConfigError(f"cpu_processes must be >= -1 (-1: auto); got {self.engine.cpu_processes}")
+        if self.device_process not in (-1, 0, 1):
+            raise ConfigError(f"device_process must be -1 (auto), 0 or 1; got {self.device_process}")
+        if self.switch_interval_ms <= 0:
+            raise ConfigError(f"switch_interval_ms must be > 0; got {self.switch_interval_ms}")
         if self.visibility_timeout_s <= 0:
             raise ConfigError(f"visibility_timeout_s must be > 0; got {self.visibility_timeout_s}")
 

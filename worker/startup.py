@@ -28,7 +28,8 @@ from vela2.wire import keys, taking
 from vela2.wire.results import ResultStore
 from worker import faults
 from worker.broker import release_held
-from worker.cpu_procs import CpuProcesses
+from worker.cpu_procs import CpuProcesses, ModelFiles
+from worker.device import ModelSpec, ProcessDevice, ThreadDevice, load_model
 from worker.engine import Engine
 from worker.faults import WARMUP_ID
 from worker.leases import Leases
@@ -107,31 +108,39 @@ def check_redis(url: str, wait_s: float) -> None:
 
 
 def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None] | None = None) -> Engine:
-    """Load the model once, measure the worst batch, check the visibility timeout, start the engine.
-    `on_stored` sees every batch of stored results (Celery task events, worker.app)."""
+    """Load the model once (in the device process, or here), measure the worst batch, check the
+    visibility timeout, start the engine. `on_stored` sees every batch of stored results (Celery
+    task events, worker.app)."""
     import redis
-    import torch
 
-    import vela2
     import vela2.pipeline
 
     preflight(settings)
+    # torch releases the GIL around every op it dispatches and takes it back after; with the
+    # consumer, engine and reader threads busy, each retake waits up to the switch interval, and a
+    # batch launches a thousand or more (bench/results/gpu-hotpath.json: the variant at 5 ms)
+    sys.setswitchinterval(settings.switch_interval_ms / 1e3)
     if not settings.checkpoint:
         raise ConfigError(f"no checkpoint: pass --checkpoint or set {env_name('checkpoint')}")
     cpu = None
     if settings.resolved_cpu_processes():  # spawned first: they load while the model does
         cpu = CpuProcesses(settings.checkpoint, settings.resolved_model_name(), settings.resolved_cpu_processes())
         cpu.start()
-    model = vela2.load(settings.checkpoint, device=settings.device, dtype=getattr(torch, settings.resolved_dtype),
-                       random_weights=bool(settings.random_weights))
-    if settings.attn != "sdpa":
-        model.set_attention(settings.attn)
-    model.check_precision(settings.resolved_precision)
-    if model.name != settings.resolved_model_name():
-        raise ConfigError(f"checkpoint model {model.name!r} does not match the queue model {settings.model_name!r}")
     engine_settings = settings.engine_settings()
+    spec = ModelSpec(str(settings.checkpoint), settings.resolved_model_name(), settings.device, settings.resolved_dtype,
+                     settings.resolved_precision, settings.attn, bool(settings.random_weights))
     pipeline = faults.wrap(vela2.pipeline)
-    worst_s = measure_worst_batch_s(model, engine_settings, pipeline)
+    worst_batch = partial(measure_worst_batch_s, settings=engine_settings)
+    if settings.resolved_device_process():
+        # the model lives in the device process; this one renders / decodes with its files only
+        device: Any = ProcessDevice(spec, engine_settings.row_tokens or None, worst_batch)
+        device.start()
+        model: Any = ModelFiles(spec.checkpoint, spec.model_name)
+        worst_s = device.worst_s
+    else:
+        model = load_model(spec)
+        device = ThreadDevice(pipeline, model, engine_settings.precision, engine_settings.row_tokens or None)
+        worst_s = worst_batch(model, pipeline=pipeline)
     check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, worst_s)
     client = redis.Redis.from_url(settings.redis_url)
     store = ResultStore(client, settings.result_expires_s)
@@ -144,12 +153,12 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
                     progress=lambda: engine.progress)
     broker = redis.Redis.from_url(settings.redis_url)
     engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored,
-                    leases=leases, release_held=partial(release_held, broker), cpu=cpu)
+                    leases=leases, release_held=partial(release_held, broker), cpu=cpu, device=device)
     engine.start()
     leases.start()
     log.info(
         "vela2 engine ready: model %s on %s (%s), max_batch_tokens %d, max_wait_ms %g, worst batch %.3f s, "
-        "visibility timeout %g s, max_buffered %d, render / decode in %s, queues %s",
+        "visibility timeout %g s, max_buffered %d, render / decode in %s, the model in a %s, queues %s",
         model.name,
         settings.device,
         settings.resolved_precision,
@@ -159,6 +168,7 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
         settings.visibility_timeout_s,
         settings.max_buffered,
         f"{cpu.n} processes" if cpu else f"{settings.engine.render_threads} threads",
+        "process of its own" if settings.resolved_device_process() else "thread",
         ", ".join(keys.queues(model.name)),
     )
     return engine

@@ -279,3 +279,44 @@ def test_pack_rows_every_index_once(lengths, row_tokens, budget):
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:  # padded cost = rows x capacity <= budget, or a single row
         assert sum(lengths[i] for i in b) <= max(budget, capacity)
+
+
+@st.composite
+def _span_blocks(draw):
+    """Blocks as collate lays them out: per sequence one word slice (empty without span questions)
+    shared by its span questions, label slices consecutive in block order."""
+    blocks, w, lab = [], 0, 0
+    for b in range(draw(st.integers(1, 12))):
+        n_words = draw(st.integers(0, 30))
+        for q in range(draw(st.integers(0, 3)) if n_words else 0):
+            n_labels = draw(st.integers(1, 5))
+            blocks.append((b, q, slice(w, w + n_words), slice(lab, lab + n_labels)))
+            lab += n_labels
+        w += n_words
+    return blocks, w, lab
+
+
+@settings(max_examples=60, deadline=None)
+@given(_span_blocks(), st.sampled_from([1, 40, 1 << 24]))
+def test_span_logits_equal_per_block_products(layout, chunk):
+    """One matmul per run of blocks, entries gathered, equals each block's own product, whatever
+    the runs' size limit (a run of one block at the smallest)."""
+    import vela2.pipeline as pipeline
+
+    blocks, n_words, n_labels = layout
+    gen = torch.Generator().manual_seed(len(blocks) * 7919 + n_words)
+    head = SpanHead(6, 4)
+    words, labels = torch.randn(n_words, 4, generator=gen), torch.randn(n_labels, 4, generator=gen)
+    with torch.no_grad():
+        head.bias.fill_(0.25)
+        want = [(words[ws] @ labels[ls].T * head.scale + head.bias).reshape(-1) for _, _, ws, ls in blocks]
+        old = pipeline.SPAN_CHUNK_ELEMENTS
+        pipeline.SPAN_CHUNK_ELEMENTS = chunk
+        try:
+            got = pipeline.span_logits(words, labels, blocks, head)
+        finally:
+            pipeline.SPAN_CHUNK_ELEMENTS = old
+    assert got.dtype == torch.float32
+    assert got.shape == (sum(w.numel() for w in want),)
+    if want:
+        torch.testing.assert_close(got, torch.cat(want), rtol=1e-5, atol=1e-5)
