@@ -103,7 +103,8 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
                     prep, parsed = held.pop(key)
                     res = pipeline.finish(lite, prep, outputs, timings)  # type: ignore[arg-type]
                     answer = systemone.to_answer(parsed, res) if parsed is not None else None
-                    replies.append(("ok", op, key, (res, answer), time.thread_time() - c0))
+                    # the stored JSON form: a pydantic object costs the engine ~0.15 ms to unpickle
+                    replies.append(("ok", op, key, (res.to_json_dict(), answer), time.thread_time() - c0))
                 elif op == "drop":
                     held.pop(key, None)
             except BaseException as e:  # noqa: BLE001 (every failure is the row's answer)
@@ -117,7 +118,7 @@ class CpuProcesses:
     """N render / decode processes. `render(key, obj)` and `decode(key, outputs, timings)` queue
     work, `flush()` sends it (one message per process); `on_done(op, key, future, cpu_s)` (called
     from reader threads) gets a done Future per render — (Rendered, None) — and per decode —
-    (RowResult, SystemOne answer or None) —, with the CPU seconds the process spent on it."""
+    (RowResult.to_json_dict(), SystemOne answer or None) —, with the CPU seconds the process spent on it."""
 
     def __init__(self, checkpoint: str, model_name: str, n: int):
         self.checkpoint, self.model_name, self.n = str(checkpoint), model_name, n

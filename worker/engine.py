@@ -346,6 +346,7 @@ class Engine:
             except queue.Empty:
                 break
         deliveries = []
+        c0 = time.thread_time()
         for kind, *payload in events:
             if kind == "delivery":
                 deliveries.append(payload[0])
@@ -357,6 +358,7 @@ class Engine:
                 self._on_cpu(*payload)
             elif kind == "ran":
                 self._on_ran(*payload)
+        self.stats.charge("events", time.thread_time() - c0)  # rendered rows, outputs, decoded results
         if deliveries:
             c0 = time.thread_time()
             self._intake(deliveries)
@@ -796,11 +798,15 @@ class Engine:
         if req.remaining:
             self._buckets.remove(lambda s: s.req is not req)
 
-    def _answer(self, msg: _Message, rid: str, res: RowResult, answer: dict[str, Any] | None = None) -> None:
-        status = res.status.value if isinstance(res.status, Status) else str(res.status)
-        self._to_store.append((msg, rid, row_meta(rid, res, answer), status))
-        reason = res.error.type if res.status == Status.error and res.error else None
-        self.metrics.observe_result(status, reason, res.timings)
+    def _answer(self, msg: _Message, rid: str, res: RowResult | dict[str, Any],
+                answer: dict[str, Any] | None = None) -> None:
+        """Queue one result for storing: a RowResult, or the JSON form a decode process sends."""
+        meta = row_meta(rid, res, answer)
+        row = meta["vela2"]
+        status = row["status"]
+        self._to_store.append((msg, rid, meta, status))
+        reason = row["error"]["type"] if status == Status.error.value and row.get("error") else None
+        self.metrics.observe_result(status, reason, row.get("timings"))
 
     def _flush_results(self) -> None:
         """Store pending results and dead letters (one round trip), then ack every message whose

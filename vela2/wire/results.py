@@ -121,13 +121,14 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def row_meta(task_id: str, result: RowResult, answer: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The stored meta of one request's result.
+def row_meta(task_id: str, result: RowResult | dict[str, Any], answer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stored meta of one request's result (a RowResult, or its `to_json_dict()` form, which a
+    decode process sends: no pydantic object crosses the process boundary).
 
     `answer`: the SystemOne answer dict of a SystemOne request (stored beside the RowResult and used
     as Celery's `result` when the request succeeded).
     """
-    row = result.to_json_dict()
+    row = result if isinstance(result, dict) else result.to_json_dict()
     meta: dict[str, Any] = {
         "status": "SUCCESS",
         "result": answer if answer is not None else row,
@@ -139,9 +140,9 @@ def row_meta(task_id: str, result: RowResult, answer: dict[str, Any] | None = No
     }
     if answer is not None:
         meta["vela2_answer"] = answer
-    if result.status == Status.error:
-        err = result.error
-        code, message = (err.type, err.message) if err is not None else ("internal_error", "unknown error")
+    if row.get("status") == Status.error.value:
+        err = row.get("error")
+        code, message = (err["type"], err["message"]) if err else ("internal_error", "unknown error")
         meta["status"] = "FAILURE"
         meta["result"] = {"exc_type": exc_type_name(code), "exc_message": [message], "exc_module": "builtins"}
     return meta
