@@ -123,7 +123,6 @@ def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_to
     return (*tensors, HeadInputs(t(opt_idx), t(word_idx), t(label_idx)), layout)
 
 
-@torch.inference_mode()
 def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
               row_tokens: int | None = None, pad_to: int | None = None) -> list[SeqOutput]:
     """One forward pass over any mix of sequences; returns raw fp32 head outputs per sequence.
@@ -132,6 +131,48 @@ def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
     `pad_to`: pad rows to at least this many tokens; None = as long as the longest row, or under
     flex attention with `row_tokens`, row_tokens (compiled flex kernels then see one row length).
     """
+    return launch_batch(model, sequences, precision, row_tokens, pad_to).outputs()
+
+
+@dataclass
+class Launched:
+    """A batch whose kernels are queued on the device (`launch_batch`): `done()` says whether they
+    finished, `outputs()` waits for them (the GIL released) and returns run_batch's outputs."""
+
+    n_sequences: int
+    layout: _Layout
+    blocks: list[tuple[int, int, slice, slice]]
+    n_options: int
+    host: torch.Tensor  # (options + span entries,) fp32, filled by the queued device -> host copy
+    event: Any = None  # torch.cuda.Event recorded after the copy (None on a CPU: already done)
+
+    def done(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def outputs(self) -> list[SeqOutput]:
+        if self.event is not None:
+            self.event.synchronize()  # waits with the GIL released
+        flat = self.host.numpy()
+        opt_host = flat[: self.n_options]
+        outs = [SeqOutput() for _ in range(self.n_sequences)]
+        for b, seq_opts in enumerate(self.layout.options):
+            for q, sl in seq_opts:
+                outs[b].options[q] = opt_host[sl]
+        at = self.n_options
+        for b, q, ws, ls in self.blocks:
+            shape = (ws.stop - ws.start, ls.stop - ls.start)
+            outs[b].spans[q] = flat[at : at + shape[0] * shape[1]].reshape(shape)
+            at += shape[0] * shape[1]
+        return outs
+
+
+@torch.inference_mode()
+def launch_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
+                 row_tokens: int | None = None, pad_to: int | None = None) -> Launched:
+    """run_batch's first half: collate, queue the forward pass, the heads and ONE device -> host copy
+    of every logit (option logits, then each span block) without waiting for the device. A caller
+    may launch the next batch before collecting this one: its kernels queue behind (one stream), so
+    the device never idles while the host collates."""
     if pad_to is None and row_tokens and model.attn == "flex":
         pad_to = row_tokens
     ids, pos, parts, segs, idx, layout = collate(sequences, model.special_ids["pad"], model.device, row_tokens,
@@ -140,26 +181,14 @@ def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
     opt, words, labels = model.heads(hidden, idx)  # (M,), (N, D), (K, D)
     blocks = [(b, q, layout.words[b], sl) for b, seq_labels in enumerate(layout.labels) for q, sl in seq_labels]
     span_flat = span_logits(words, labels, blocks, model.span_head)  # (sum of W x K,)
-    # One device -> host copy (one sync) for the whole batch: option logits, then every span block.
     flat_dev = torch.cat([opt.float().reshape(-1), span_flat])
-    if flat_dev.is_cuda:
-        # Wait for the device with the GIL released (a stream sync releases it; the copy's own wait
-        # would hold it), so the worker's other threads run while the batch does.
-        torch.cuda.current_stream(flat_dev.device).synchronize()
-    flat = flat_dev.cpu().numpy()
-    opt_host = flat[: opt.numel()]
-    span_host, at = [], opt.numel()
-    for _, _, ws, ls in blocks:
-        shape = (ws.stop - ws.start, ls.stop - ls.start)
-        span_host.append(flat[at : at + shape[0] * shape[1]].reshape(shape))
-        at += shape[0] * shape[1]
-    outs = [SeqOutput() for _ in sequences]
-    for b, seq_opts in enumerate(layout.options):
-        for q, sl in seq_opts:
-            outs[b].options[q] = opt_host[sl]
-    for (b, q, _, _), arr in zip(blocks, span_host, strict=True):
-        outs[b].spans[q] = arr
-    return outs
+    if not flat_dev.is_cuda:
+        return Launched(len(sequences), layout, blocks, opt.numel(), flat_dev)
+    host = torch.empty(flat_dev.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(flat_dev, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return Launched(len(sequences), layout, blocks, opt.numel(), host, event)
 
 
 SPAN_CHUNK_ELEMENTS = 1 << 24  # largest word x label product one span matmul computes (64 MB fp32)

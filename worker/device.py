@@ -38,6 +38,7 @@ from vela2.errors import ModelError
 log = logging.getLogger(__name__)
 
 START_POLL_S = 0.5  # how often start() looks whether a loading device process died
+NEXT_POLL_S = 0.0005  # while a batch runs, how often the device process looks for the next one
 
 
 @dataclass
@@ -144,18 +145,73 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any)
         conn.send(("failed", _portable(e)))
         return
     conn.send(("ready", worst_s))
+    run = _Launcher(pipeline, model, spec.precision, row_tokens)
+    running: tuple[int, Any] | None = None  # (batch number, Launched) whose kernels the device runs
     while True:
+        # the next batch: launched behind the running one (its kernels queue on the same stream),
+        # so the device goes from one to the next without waiting for this loop
+        if running is None or conn.poll(0):
+            try:
+                work = conn.recv()
+            except (EOFError, OSError):
+                work = None
+            if work is None:  # stop: finish the running batch, then exit
+                if running is not None:
+                    conn.send(run.collect(*running))
+                return
+            n, seqs = work
+            launched = run.launch(n, seqs, conn)
+            if running is None:
+                running = launched
+                continue
+            if launched is not None:
+                conn.send(run.collect(*running))
+                running = launched
+                continue
+        # nothing new yet: answer the running batch as soon as it is done, looking for the next meanwhile
+        while not run.done(running[1]) and not conn.poll(NEXT_POLL_S):
+            pass
+        if run.done(running[1]):
+            conn.send(run.collect(*running))
+            running = None
+
+
+class _Launcher:
+    """(device process) launches and collects batches, timing each; a batch that raises at launch
+    is answered at once (its error), one that raises when collected likewise."""
+
+    def __init__(self, pipeline: Any, model: Any, precision: str, row_tokens: int | None):
+        self.pipeline, self.model, self.precision, self.row_tokens = pipeline, model, precision, row_tokens
+        self._launched: dict[int, tuple[float, float]] = {}  # batch -> (monotonic at launch, launch CPU s)
+        self._last_end = 0.0
+
+    def launch(self, n: int, seqs: list[Any], conn: Any) -> tuple[int, Any] | None:
+        t0, c0 = time.monotonic(), time.thread_time()
         try:
-            work = conn.recv()
-        except (EOFError, OSError):
-            return
-        if work is None:
-            return
-        n, seqs = work
-        try:
-            conn.send(("ok", n, _run(pipeline, model, seqs, spec.precision, row_tokens)))
+            launched = self.pipeline.launch_batch(self.model, seqs, self.precision, self.row_tokens)
         except Exception as e:
+            release_device_memory()
             conn.send(("error", n, _portable(e)))
+            return None
+        self._launched[n] = (t0, time.thread_time() - c0)
+        return n, launched
+
+    @staticmethod
+    def done(launched: Any) -> bool:
+        return launched.done()
+
+    def collect(self, n: int, launched: Any) -> tuple[str, int, Any]:
+        t0, cpu_s = self._launched.pop(n)
+        c0 = time.thread_time()
+        try:
+            outputs = launched.outputs()
+        except Exception as e:
+            release_device_memory()
+            return "error", n, _portable(e)
+        end = time.monotonic()
+        # a batch launched behind another starts on the device when that one ends
+        start, self._last_end = max(t0, self._last_end), end
+        return "ok", n, Ran(outputs, start, end, cpu_s + time.thread_time() - c0)
 
 
 class ProcessDevice:

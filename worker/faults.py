@@ -66,6 +66,15 @@ class FaultyPipeline:
         return getattr(self._pipeline, name)
 
     def run_batch(self, model: Any, sequences: list[Any], precision: str, row_tokens: int | None = None) -> Any:
+        self._hooks(sequences)
+        return self._pipeline.run_batch(model, sequences, precision, row_tokens)
+
+    def launch_batch(self, model: Any, sequences: list[Any], precision: str, row_tokens: int | None = None) -> Any:
+        """run_batch's first half (worker.device's process launches batches ahead), behind the same faults."""
+        self._hooks(sequences)
+        return self._pipeline.launch_batch(model, sequences, precision, row_tokens)
+
+    def _hooks(self, sequences: list[Any]) -> None:
         f = self.faults
         if f.delay_s:
             time.sleep(f.delay_s)
@@ -81,7 +90,6 @@ class FaultyPipeline:
             torch = sys.modules.get("torch")
             oom = getattr(torch, "OutOfMemoryError", RuntimeError) if torch is not None else RuntimeError
             raise oom(f"CUDA out of memory (test hook: a batch of {padded} padded tokens > {f.oom_above_tokens})")
-        return self._pipeline.run_batch(model, sequences, precision, row_tokens)
 
 
 def wrap(pipeline: Any, environ: Mapping[str, str] | None = None) -> Any:

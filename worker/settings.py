@@ -60,8 +60,9 @@ class WorkerSettings:
     dtype: str | None = setting(None, "backbone dtype; default bfloat16 for bf16, else float32", choices=DTYPES)
     visibility_timeout_s: float = setting(3600.0, "a dead worker's messages return to the queue after this long "
                                                   "(a live worker renews what it holds)")
-    max_buffered: int = setting(1024, "messages the worker holds at once (the broker prefetch count); one "
-                                      "full batch of short online rows needs ~600")
+    max_buffered: int = setting(2048, "messages the worker holds at once (the broker prefetch count); one "
+                                      "full batch of short online rows is ~500, and the engine renders the "
+                                      "next ones while the device runs")
     result_expires_s: int = setting(DEFAULT_RESULT_EXPIRES_S, "TTL of stored results")
     shutdown_timeout_s: float = setting(60.0, "warm shutdown: finish what is held within this, return the rest")
     metrics_port: int = setting(0, "serve Prometheus metrics on this port; 0: off")

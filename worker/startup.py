@@ -206,6 +206,11 @@ def measure_worst_batch_s(model: Any, settings: EngineSettings, pipeline: Any = 
         pipeline.run_batch(model, batch, settings.precision, settings.row_tokens or None)
         _synchronize(model)
         times.append(time.perf_counter() - t0)
+    # and one short sequence alone: the first small batch would otherwise pay its own one-off costs
+    # (kernel choices for small shapes; measured on an H200: 0.5-1.3 s for a first batch of a few rows)
+    short = pipeline.prepare(model, {**warmup_row(model.config.max_window_tokens), "text": "Alice from Acme wrote"})
+    pipeline.run_batch(model, short.sequences, settings.precision, settings.row_tokens or None)
+    _synchronize(model)
     log.info(
         "warm-up batch: %d x %d tokens in %.3f s (first %.3f s)", len(batch), longest.num_tokens, times[1], times[0]
     )
