@@ -364,7 +364,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--row-tokens", type=int, default=2048)
     ap.add_argument("--max-batch-tokens", type=int, default=65536)
     ap.add_argument("--max-wait-ms", type=float, default=20.0)
-    ap.add_argument("--max-buffered", type=int, default=1024)
+    ap.add_argument("--max-buffered", type=int, default=2048)
     ap.add_argument("--render-threads", type=int, default=2)
     ap.add_argument("--cpu-processes", type=int, default=-1, help="worker render / decode processes (-1: auto)")
     ap.add_argument("--threads-baseline", action="store_true",
