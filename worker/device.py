@@ -148,6 +148,9 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any)
     run = _Launcher(pipeline, model, spec.precision, row_tokens)
     running: tuple[int, Any] | None = None  # (batch number, Launched) whose kernels the device runs
     while True:
+        if running is not None and run.done(running[1]):  # done already (on a CPU, always): answer it
+            conn.send(run.collect(*running))
+            running = None
         # the next batch: launched behind the running one (its kernels queue on the same stream),
         # so the device goes from one to the next without waiting for this loop
         if running is None or conn.poll(0):

@@ -577,6 +577,8 @@ class Engine:
         fut.add_done_callback(partial(self._post_ran, items, t0, record))
 
     def _post_ran(self, items: list[_Seq], t0: float, record: list[float | int], fut: Future) -> None:
+        if fut.cancelled():  # never ran (the engine stopped): its messages go back with the rest
+            return
         if fut.exception() is None:
             self._charge_ran(record, fut.result())
         self._events.put(("ran", items, t0, fut))

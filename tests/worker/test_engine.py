@@ -452,3 +452,41 @@ def test_the_engine_holds_a_lease_on_each_message_until_it_is_acked_or_returned(
     engine.stop(0.0)  # some acked, the rest returned: every lease released either way
     assert sorted(leases.seen) == [f"tag-{i}" for i in range(6)] and leases.held == set()
     assert engine.progress > 0
+
+
+@dataclass
+class GatedPipeline(FakePipeline):
+    """run_batch blocks until `gate` is set, counting the batches handed to the device meanwhile."""
+
+    gate: threading.Event = field(default_factory=threading.Event)
+
+    def run_batch(self, model, sequences, precision, row_tokens=None):
+        self.gate.wait(20)
+        return super().run_batch(model, sequences, precision, row_tokens)
+
+
+def test_the_next_full_batch_waits_behind_the_running_one_and_no_partial_one_does(redis):
+    """While a batch runs, the engine hands the device one more batch, only a full one (a partial
+    one may still gain company), never more than MAX_IN_FLIGHT; all are answered once it runs."""
+    from worker.engine import MAX_IN_FLIGHT
+
+    pipe = GatedPipeline()
+    # 18-token sequences, 256-token batches: 14 per full batch; 40 rows = 2 full batches + 12
+    engine, _, broker = make_engine(redis, pipe, max_batch_tokens=256, max_wait_ms=1.0)
+    try:
+        for i in range(40):
+            engine.submit(broker.delivery([row(f"g{i}")]))
+        deadline = time.monotonic() + 10
+        while len(engine._in_flight) < MAX_IN_FLIGHT:
+            assert time.monotonic() < deadline, f"{len(engine._in_flight)} batches handed to the device"
+            time.sleep(0.005)
+        time.sleep(0.1)  # the 12 left are past max_wait: still not handed over behind a running batch
+        assert len(engine._in_flight) == MAX_IN_FLIGHT
+        # the first went to an idle device with what had arrived; the one queued behind it is full
+        assert len(engine._in_flight[1]) == 14
+        pipe.gate.set()
+        broker.wait(40)
+    finally:
+        engine.stop(5)
+    assert sum(len(b) for b in pipe.batches) == 40 and max(len(b) for b in pipe.batches) == 14
+    assert len(broker.acked) == 40 and all(read_results(redis, [f"g{i}" for i in range(40)]).values())

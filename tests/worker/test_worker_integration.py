@@ -118,12 +118,14 @@ def wait_for(redis, ids: list[str], timeout_s: float) -> dict[str, RowResult | N
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("cpu_processes", [0, 2], ids=["render-threads", "render-processes"])
-def test_worker_answers_equal_predict(redis_url, start_worker, demo_model, cpu_processes):
+@pytest.mark.parametrize(("cpu_processes", "device_process"), [(0, 0), (2, 0), (2, 1)],
+                         ids=["render-threads", "render-processes", "device-process"])
+def test_worker_answers_equal_predict(redis_url, start_worker, demo_model, cpu_processes, device_process):
     from vela2.reference import predict
 
-    worker = start_worker(redis_url, cpu_processes=cpu_processes).wait_ready()
+    worker = start_worker(redis_url, cpu_processes=cpu_processes, device_process=device_process).wait_ready()
     assert (f"render / decode in {cpu_processes} processes" in worker.log()) == bool(cpu_processes)
+    assert ("the model in a process of its own" in worker.log()) == bool(device_process)
     client = Client(redis_url, model=MODEL)
     rows = mixed_rows()
     singles, bulk = rows[::2], rows[1::2]
@@ -270,10 +272,12 @@ def test_sigkill_with_requests_buffered_and_mid_batch_then_another_worker_answer
     client.close()
 
 
-def test_warm_shutdown_finishes_or_returns_everything_it_holds(redis_url, start_worker):
+@pytest.mark.parametrize("device_process", [0, 1], ids=["device-thread", "device-process"])
+def test_warm_shutdown_finishes_or_returns_everything_it_holds(redis_url, start_worker, device_process):
     slow = {TEST_DELAY_ENV: "0.5"}
     # One row per batch, 0.5 s each: 8 held rows need 4 s; the shutdown timeout is 1 s.
-    w1 = start_worker(redis_url, env=slow, max_buffered=8, max_batch_tokens=64, shutdown_timeout_s=1)
+    w1 = start_worker(redis_url, env=slow, max_buffered=8, max_batch_tokens=64, shutdown_timeout_s=1,
+                      device_process=device_process)
     w1.wait_ready()
     client = Client(redis_url, model=MODEL)
     r = client.redis
