@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vela2.errors import ModelError
+from worker.metrics import gpu_memory
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class Ran:
     start: float
     end: float
     cpu_s: float
+    memory: dict[str, float] | None = None  # the device's memory after it (worker.metrics.gpu_memory)
 
 
 @dataclass(frozen=True)
@@ -144,8 +146,8 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any)
     except BaseException as e:  # noqa: BLE001 (the parent reports it and refuses to start)
         conn.send(("failed", _portable(e)))
         return
-    conn.send(("ready", worst_s))
-    run = _Launcher(pipeline, model, spec.precision, row_tokens)
+    conn.send(("ready", (worst_s, gpu_memory(spec.device))))
+    run = _Launcher(pipeline, model, spec.precision, row_tokens, spec.device)
     running: tuple[int, Any] | None = None  # (batch number, Launched) whose kernels the device runs
     while True:
         if running is not None and run.done(running[1]):  # done already (on a CPU, always): answer it
@@ -183,8 +185,9 @@ class _Launcher:
     """(device process) launches and collects batches, timing each; a batch that raises at launch
     is answered at once (its error), one that raises when collected likewise."""
 
-    def __init__(self, pipeline: Any, model: Any, precision: str, row_tokens: int | None):
+    def __init__(self, pipeline: Any, model: Any, precision: str, row_tokens: int | None, device: str):
         self.pipeline, self.model, self.precision, self.row_tokens = pipeline, model, precision, row_tokens
+        self.device = device
         self._launched: dict[int, tuple[float, float]] = {}  # batch -> (monotonic at launch, launch CPU s)
         self._last_end = 0.0
 
@@ -214,7 +217,7 @@ class _Launcher:
         end = time.monotonic()
         # a batch launched behind another starts on the device when that one ends
         start, self._last_end = max(t0, self._last_end), end
-        return "ok", n, Ran(outputs, start, end, cpu_s + time.thread_time() - c0)
+        return "ok", n, Ran(outputs, start, end, cpu_s + time.thread_time() - c0, gpu_memory(self.device))
 
 
 class ProcessDevice:
@@ -226,6 +229,7 @@ class ProcessDevice:
     def __init__(self, spec: ModelSpec, row_tokens: int | None, worst_batch: Any):
         self.spec, self.row_tokens, self.worst_batch = spec, row_tokens, worst_batch
         self.worst_s = 0.0
+        self.memory: dict[str, float] | None = None  # the device process's GPU memory after its last batch
         self._ctx = mp.get_context("spawn")
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -256,7 +260,7 @@ class ProcessDevice:
         if status == "failed":
             self._proc.join(5)
             raise value
-        self.worst_s = float(value)
+        self.worst_s, self.memory = float(value[0]), value[1]
         threading.Thread(target=self._send_loop, name="vela2-device-send", daemon=True).start()
         threading.Thread(target=self._read_loop, name="vela2-device-read", daemon=True).start()
 
@@ -290,6 +294,7 @@ class ProcessDevice:
             with self._lock:
                 fut = self._pending.pop(n)
             if status == "ok":
+                self.memory = value.memory or self.memory
                 fut.set_result(value)
             else:
                 fut.set_exception(value)

@@ -243,7 +243,7 @@ class Engine:
         self._pool = ThreadPoolExecutor(max(1, settings.render_threads), thread_name_prefix="vela2-cpu")
         # run_batch runs on worker.device's runner (a thread here, or a process of its own), so this
         # thread keeps taking, rendering and storing while the device works
-        self.device = device or ThreadDevice(pipeline, model, settings.precision, settings.row_tokens or None)
+        self.device = device or ThreadDevice(pipeline, model, str(settings.precision), settings.row_tokens or None)
         # the batches handed to the device, oldest (running) first: at most MAX_IN_FLIGHT, the next
         # one only when full, so the device starts it the moment the running one ends
         self._in_flight: list[list[_Seq]] = []

@@ -9,7 +9,9 @@ because LLEN alone misses what workers hold: see deploy/README.md for autoscalin
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -55,23 +57,33 @@ class QueueDepthCollector(Collector):
         yield g
 
 
-class GpuMemoryCollector(Collector):
-    """`vela2_gpu_memory_bytes{device, kind=allocated|reserved|peak|total}` for a CUDA device."""
+def gpu_memory(device: str) -> dict[str, float] | None:
+    """This process's CUDA memory on `device` (bytes: allocated, reserved, peak, total), or None
+    off CUDA. Host-side counters: no sync, cheap enough to read after every batch."""
+    torch = sys.modules.get("torch")
+    if torch is None or not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    d = torch.device(device)
+    return {"allocated": float(torch.cuda.memory_allocated(d)), "reserved": float(torch.cuda.memory_reserved(d)),
+            "peak": float(torch.cuda.max_memory_allocated(d)),
+            "total": float(torch.cuda.get_device_properties(d).total_memory)}
 
-    def __init__(self, device: str):
-        self.device = device
+
+class GpuMemoryCollector(Collector):
+    """`vela2_gpu_memory_bytes{device, kind=allocated|reserved|peak|total}` for a CUDA device:
+    `source()` gives the figures (worker.device: read where the model lives; a worker whose model
+    is in a device process must not open a CUDA context of its own to read zeros)."""
+
+    def __init__(self, device: str, source: Callable[[], dict[str, float] | None]):
+        self.device, self.source = device, source
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        import torch
-
-        if not self.device.startswith("cuda") or not torch.cuda.is_available():
+        figures = self.source()
+        if not figures:
             return
         g = GaugeMetricFamily("vela2_gpu_memory_bytes", "GPU memory of this worker's device", labels=["device", "kind"])
-        d = torch.device(self.device)
-        g.add_metric([self.device, "allocated"], float(torch.cuda.memory_allocated(d)))
-        g.add_metric([self.device, "reserved"], float(torch.cuda.memory_reserved(d)))
-        g.add_metric([self.device, "peak"], float(torch.cuda.max_memory_allocated(d)))
-        g.add_metric([self.device, "total"], float(torch.cuda.get_device_properties(d).total_memory))
+        for kind, value in figures.items():
+            g.add_metric([self.device, kind], value)
         yield g
 
 
@@ -105,11 +117,13 @@ class Metrics:
         self.info = Gauge("vela2_worker_info", "Constant 1, labelled with what this worker serves",
                           ["model", "device", "precision"], registry=r)
 
-    def describe_worker(self, *, model: str, device: str, precision: str, redis: Any, queues: list[str]) -> None:
-        """Label this worker and register the scrape-time collectors (queue depth, GPU memory)."""
+    def describe_worker(self, *, model: str, device: str, precision: str, redis: Any, queues: list[str],
+                        gpu_memory_source: Callable[[], dict[str, float] | None] | None = None) -> None:
+        """Label this worker and register the scrape-time collectors (queue depth, GPU memory: by
+        default this process's own)."""
         self.info.labels(model, device, precision).set(1)
         self.registry.register(QueueDepthCollector(redis, queues))
-        self.registry.register(GpuMemoryCollector(device))
+        self.registry.register(GpuMemoryCollector(device, gpu_memory_source or partial(gpu_memory, device)))
 
     def padded_tokens(self, tokens: list[int]) -> int:
         """Padded size of a batch of sequences of these lengths, as run_batch lays it out."""

@@ -139,14 +139,15 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
         worst_s = device.worst_s
     else:
         model = load_model(spec)
-        device = ThreadDevice(pipeline, model, engine_settings.precision, engine_settings.row_tokens or None)
+        device = ThreadDevice(pipeline, model, settings.resolved_precision, engine_settings.row_tokens or None)
         worst_s = worst_batch(model, pipeline=pipeline)
     check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, worst_s)
     client = redis.Redis.from_url(settings.redis_url)
     store = ResultStore(client, settings.result_expires_s)
     metrics = Metrics(row_tokens=settings.engine.row_tokens)
     metrics.describe_worker(model=model.name, device=settings.device, precision=settings.resolved_precision,
-                            redis=client, queues=keys.queues(model.name))
+                            redis=client, queues=keys.queues(model.name),
+                            gpu_memory_source=(lambda: device.memory) if isinstance(device, ProcessDevice) else None)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
     leases = Leases(redis.Redis.from_url(settings.redis_url), settings.visibility_timeout_s,
