@@ -2071,12 +2071,17 @@ def main(argv: list[str] | None = None) -> int:
                    "is reported; exit 1 if any run lost a request or failed a check)")
     p.add_argument("--cpu-hog", type=int, default=0, metavar="K",
                    help="K busy-loop processes beside the scenarios (started and stopped by the suite)")
+    p.add_argument("--device-process", type=int, default=None, choices=(0, 1),
+                   help="1: every worker runs its model in a device process (worker setting device_process; "
+                        "default: the worker's own, a thread on a CPU)")
     p.add_argument("--cpu-processes", type=int, default=None, metavar="N",
                    help="every worker renders and decodes in N processes (worker setting cpu_processes; "
                         "default: the worker's own, threads on a CPU)")
     args = p.parse_args(argv)
     if args.cpu_processes is not None:
         BASE_SETTINGS["cpu_processes"] = args.cpu_processes
+    if args.device_process is not None:
+        BASE_SETTINGS["device_process"] = args.device_process
     if args.repeat < 1 or args.cpu_hog < 0:
         p.error("--repeat must be >= 1 and --cpu-hog >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
