@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.queue_bench import (
+    GC_LOG_PREFIX,
     READY_TIMEOUT_S,
     bench_redis,
     cpu_meter,
@@ -311,6 +312,7 @@ def run_shape(shape: str, args: argparse.Namespace, work: Path, emit: Any) -> No
             finally:
                 w.terminate(120)
             stats = w.engine_stats()
+            gc_line = [x for x in w.log().splitlines() if GC_LOG_PREFIX in x]
             profile = json.loads(profile_path(w).read_text()) if args.profile and profile_path(w).exists() else None
             right = [answers.get(r["id"], {"status": "missing"}) for r in rows]
             cmp = compare_answers(pred_dicts, right)
@@ -329,6 +331,7 @@ def run_shape(shape: str, args: argparse.Namespace, work: Path, emit: Any) -> No
                 if stats and stats.get("batches") else None,
                 "worker_process_cpu_s_in_phase": q["worker_cpu_s"],
                 "device_timeline": device_timeline(stats, q["window"]),
+                "worker_gc": json.loads(gc_line[-1].split(GC_LOG_PREFIX, 1)[1]) if gc_line else None,
                 **({"worker_profile": profile} if profile else {}),
                 "device": dev, "predict": pred, "queue": q, "redis": what,
             }

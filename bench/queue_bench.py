@@ -56,6 +56,7 @@ import atexit
 import contextlib
 import cProfile
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -224,6 +225,9 @@ def _worker_main(argv: list[str]) -> int:
         profiles = ThreadProfiles()
         profiles.install()
         atexit.register(profiles.dump, args.profile)  # also after SystemExit from worker_main
+    gc_pauses = GcPauses()
+    gc.callbacks.append(gc_pauses)
+    atexit.register(lambda: print(f"{GC_LOG_PREFIX}{json.dumps(gc_pauses.summary())}", file=sys.stderr, flush=True))
     from worker.app import create_app
 
     app = create_app()
@@ -250,6 +254,29 @@ def _plain_worker_main(argv: list[str]) -> int:
     except SystemExit as e:
         return int(e.code or 0) if not isinstance(e.code, str) else 1
     return 0
+
+
+GC_LOG_PREFIX = "bench gc pauses: "  # then one JSON object, written by the worker at exit
+
+
+class GcPauses:
+    """gc.callbacks hook: how many collections of each generation ran and how long they took."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            g = int(info.get("generation", 0))
+            self.count[g] += 1
+            self.seconds[g] += time.perf_counter() - self._t0
+
+    def summary(self) -> dict[str, Any]:
+        return {"collections": self.count, "seconds": [round(x, 4) for x in self.seconds]}
 
 
 # --- a per-thread CPU profile of the worker (py-spy is not installed) -----------------------------
@@ -282,7 +309,7 @@ class ThreadProfiles:
         threading.Thread.run = run  # type: ignore[method-assign]
         self.main.enable()
 
-    def summary(self, top: int = 15) -> dict[str, Any]:
+    def summary(self, top: int = 40) -> dict[str, Any]:
         """Per thread: CPU seconds, and the functions with the most self / cumulative CPU seconds."""
         self.main.disable()
         with self._lock:

@@ -133,6 +133,7 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any)
     """(child) Load the model, measure the worst batch, then run what arrives until the pipe closes."""
     import vela2.pipeline
     from worker import faults
+    from worker.startup import freeze_startup_objects
 
     # The worker stops it through the pipe (warm shutdown finishes the batch it runs): a Ctrl-C or
     # a SIGTERM sent to the whole process group must not kill it under the worker.
@@ -146,6 +147,7 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any)
     except BaseException as e:  # noqa: BLE001 (the parent reports it and refuses to start)
         conn.send(("failed", _portable(e)))
         return
+    freeze_startup_objects()  # the model's Python objects: out of every full collection's walk
     conn.send(("ready", (worst_s, gpu_memory(spec.device))))
     run = _Launcher(pipeline, model, spec.precision, row_tokens, spec.device)
     running: tuple[int, Any] | None = None  # (batch number, Launched) whose kernels the device runs
@@ -301,14 +303,14 @@ class ProcessDevice:
         self._died()
 
     def _died(self) -> None:
-        self._proc.join(5)
-        code = self._proc.exitcode
         with self._lock:
             pending, self._pending = list(self._pending.values()), {}
-        if self._closing:
+        if self._closing:  # close() waits for the process (two threads reaping one child race)
             for fut in pending:
                 fut.set_exception(ModelError("the device process stopped"))
             return
+        self._proc.join(5)
+        code = self._proc.exitcode
         # The batch it ran may hold a request that kills the process: go down with it, as a crash in
         # this process would, so the messages are redelivered and worker.attempts counts the attempt.
         exit_code = code if code and code > 0 else (128 - code if code else 1)
