@@ -58,8 +58,8 @@ class ModelFiles:
         self.name = name  # the served model's name (SystemOne requests must name it)
 
 
-def _portable(e: BaseException) -> BaseException:
-    """`e` if it survives pickling, else a ModelError naming it."""
+def portable(e: BaseException) -> BaseException:
+    """`e` if it survives pickling (to cross a process pipe), else a ModelError naming it."""
     try:
         pickle.loads(pickle.dumps(e))
         return e
@@ -109,7 +109,7 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
                     held.pop(key, None)
             except BaseException as e:  # noqa: BLE001 (every failure is the row's answer)
                 held.pop(key, None)
-                replies.append(("error", op, key, _portable(e), time.thread_time() - c0))
+                replies.append(("error", op, key, portable(e), time.thread_time() - c0))
         if replies:
             conn.send(replies)
 

@@ -23,7 +23,6 @@ import atexit
 import logging
 import multiprocessing as mp
 import os
-import pickle
 import queue
 import signal
 import sys
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vela2.errors import ModelError
+from worker.cpu_procs import portable
 from worker.metrics import gpu_memory
 
 log = logging.getLogger(__name__)
@@ -120,15 +120,6 @@ class ThreadDevice:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _portable(e: BaseException) -> BaseException:
-    """`e` if it survives pickling, else a ModelError naming it."""
-    try:
-        pickle.loads(pickle.dumps(e))
-        return e
-    except Exception:
-        return ModelError(f"{type(e).__name__}: {e}")
-
-
 def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any) -> None:
     """(child) Load the model, measure the worst batch, then run what arrives until the pipe closes."""
     import vela2.pipeline
@@ -145,14 +136,14 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any)
         pipeline = faults.wrap(vela2.pipeline)
         worst_s = worst_batch(model, pipeline=pipeline)
     except BaseException as e:  # noqa: BLE001 (the parent reports it and refuses to start)
-        conn.send(("failed", _portable(e)))
+        conn.send(("failed", portable(e)))
         return
     freeze_startup_objects()  # the model's Python objects: out of every full collection's walk
     conn.send(("ready", (worst_s, gpu_memory(spec.device))))
     run = _Launcher(pipeline, model, spec.precision, row_tokens, spec.device)
     running: tuple[int, Any] | None = None  # (batch number, Launched) whose kernels the device runs
     while True:
-        if running is not None and run.done(running[1]):  # done already (on a CPU, always): answer it
+        if running is not None and running[1].done():  # done already (on a CPU, always): answer it
             conn.send(run.collect(*running))
             running = None
         # the next batch: launched behind the running one (its kernels queue on the same stream),
@@ -176,9 +167,9 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any)
                 running = launched
                 continue
         # nothing new yet: answer the running batch as soon as it is done, looking for the next meanwhile
-        while not run.done(running[1]) and not conn.poll(NEXT_POLL_S):
+        while not running[1].done() and not conn.poll(NEXT_POLL_S):
             pass
-        if run.done(running[1]):
+        if running[1].done():
             conn.send(run.collect(*running))
             running = None
 
@@ -199,14 +190,10 @@ class _Launcher:
             launched = self.pipeline.launch_batch(self.model, seqs, self.precision, self.row_tokens)
         except Exception as e:
             release_device_memory()
-            conn.send(("error", n, _portable(e)))
+            conn.send(("error", n, portable(e)))
             return None
         self._launched[n] = (t0, time.thread_time() - c0)
         return n, launched
-
-    @staticmethod
-    def done(launched: Any) -> bool:
-        return launched.done()
 
     def collect(self, n: int, launched: Any) -> tuple[str, int, Any]:
         t0, cpu_s = self._launched.pop(n)
@@ -215,7 +202,7 @@ class _Launcher:
             outputs = launched.outputs()
         except Exception as e:
             release_device_memory()
-            return "error", n, _portable(e)
+            return "error", n, portable(e)
         end = time.monotonic()
         # a batch launched behind another starts on the device when that one ends
         start, self._last_end = max(t0, self._last_end), end

@@ -571,10 +571,14 @@ class Engine:
     def _launch(self, items: list[_Seq]) -> None:
         t0 = self._start(items)
         self._in_flight.append(items)
-        record = [round(time.monotonic(), 4), 0.0, 0.0, len(items), sum(it.tokens for it in items),
-                  len(self._buckets), sum(1 for r in self._in_cpu.values() if r.prep is None), len(self._messages)]
+        record = self._record(items)
         fut = self.device.submit([it.seq for it in items])
         fut.add_done_callback(partial(self._post_ran, items, t0, record))
+
+    def _record(self, items: list[_Seq]) -> list[float | int]:
+        """A batch's entry of EngineStats.recent as it is handed to the device (RECENT_FIELDS)."""
+        return [round(time.monotonic(), 4), 0.0, 0.0, len(items), sum(it.tokens for it in items),
+                len(self._buckets), sum(1 for r in self._in_cpu.values() if r.prep is None), len(self._messages)]
 
     def _post_ran(self, items: list[_Seq], t0: float, record: list[float | int], fut: Future) -> None:
         if fut.cancelled():  # never ran (the engine stopped): its messages go back with the rest
@@ -752,7 +756,7 @@ class Engine:
             if not items:
                 continue
             t0 = self._start(items)
-            record = [round(time.monotonic(), 4), 0.0, 0.0, len(items), sum(it.tokens for it in items), 0, 0, 1]
+            record = self._record(items)
             try:
                 ran = self.device.submit([it.seq for it in items]).result()
                 self._charge_ran(record, ran)
