@@ -9,9 +9,9 @@ One thread owns all state (text-embeddings-inference queue.rs style). Each loop 
 3. store new results in one pipelined round trip, then ack every message whose requests all have
    a stored result (never earlier);
 4. when the device is free, start the most urgent ready batch (worker.batching: a full bucket, or
-   one whose oldest request waited max_wait_ms) with vela2.pipeline.run_batch on the device thread;
-   this thread goes on turning (intake, renders, stores) while it runs, and the next batch fills
-   meanwhile. A batch that raises (CUDA OOM included) is split in halves and retried; a sequence
+   one whose oldest request waited max_wait_ms) with vela2.pipeline.run_batch on worker.device's
+   runner (a thread, or the device process); while it runs, the next batch goes behind it once it
+   is full, and this thread goes on turning (intake, renders, stores). A batch that raises (CUDA OOM included) is split in halves and retried; a sequence
    that fails alone fails only its row (model_error). When every sequence of a row is done,
    vela2.pipeline.finish decodes it on a CPU thread (or in a render process, worker.cpu_procs).
 
@@ -137,7 +137,7 @@ class EngineStats:
     # Celery, triage), the leases and the metrics
     cpu_s: dict[str, float] = field(default_factory=dict)
     process_cpu_s: float = 0.0
-    device_s: float = 0.0  # wall seconds the device thread spent in run_batch (its busy time)
+    device_s: float = 0.0  # wall seconds the device spent running batches (its busy time)
     # the last batches, oldest first: (launched, device start, device end) on time.monotonic (shared
     # by every process of a host, so a benchmark can place them in its own timeline), sequences,
     # tokens, and at launch the sequences left waiting, the rows in render and the messages held
@@ -150,7 +150,7 @@ class EngineStats:
             self.cpu_s[stage] = self.cpu_s.get(stage, 0.0) + seconds
 
     def ran(self, record: list[float | int], start: float, end: float) -> None:
-        """(device thread) the batch of `record` (see `recent`) ran on the device from start to end."""
+        """(the device runner's thread) the batch of `record` (see `recent`) ran from start to end."""
         with self._cpu_lock:
             self.device_s += end - start
             record[1:3] = [round(start, 4), round(end, 4)]
@@ -539,7 +539,7 @@ class Engine:
     # --- batches ------------------------------------------------------------------------------
 
     def _maybe_run_batch(self) -> bool:
-        """Start the next batch on the device thread when it is free: a half of a batch that
+        """Hand the device its next batch when it has room (worker.device): a half of a batch that
         raised, else the most urgent ready batch. Suspects run alone, synchronously, once nothing
         else runs (worker.attempts)."""
         if len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and (self._quarantine or self._retry)):

@@ -76,8 +76,8 @@ class WorkerSettings:
                                       "takes the GIL its kernel launches need); 0: in a thread of the worker "
                                       "process; -1: auto (1 on a GPU, 0 on a CPU)")
     switch_interval_ms: float = setting(0.5, "Python's thread switch interval (sys.setswitchinterval; Python's "
-                                             "default is 5): each kernel launch of the device thread waits at "
-                                             "most this for the GIL the intake and store threads hold")
+                                             "default is 5): a thread of the worker process (the device thread "
+                                             "too, where the model runs in one) waits at most this for the GIL")
     task_events: int = setting(0, "1: send Celery task events for Flower (also on with `celery worker -E`)")
     engine: EngineSettings = field(default_factory=EngineSettings)
 
