@@ -11,8 +11,9 @@ One thread owns all state (text-embeddings-inference queue.rs style). Each loop 
 4. when the device is free, start the most urgent ready batch (worker.batching: a full bucket, or
    one whose oldest request waited max_wait_ms) with vela2.pipeline.run_batch on worker.device's
    runner (a thread, or the device process); while it runs, the next batch goes behind it once it
-   is full, and this thread goes on turning (intake, renders, stores). A batch that raises (CUDA OOM included) is split in halves and retried; a sequence
-   that fails alone fails only its row (model_error). When every sequence of a row is done,
+   is full, and this thread goes on turning (intake, renders, stores). A batch that raises (CUDA
+   OOM included) is split in halves and retried; a sequence that fails alone fails only its row
+   (model_error). When every sequence of a row is done,
    vela2.pipeline.finish decodes it on a CPU thread (or in a render process, worker.cpu_procs).
 
 Rows' windows may land in different batches. Timings per request: queue_ms (message received ->
