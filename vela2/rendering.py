@@ -127,21 +127,35 @@ class Renderer:
         st = config.special_tokens
         self.ids = {name: tokenizer.token_to_id(tok) for name, tok in vars(st).items()}
         self._encode = lru_cache(maxsize=65536)(self._encode_uncached)
+        self._words: dict[str, tuple[int, ...]] = {}  # word -> its token ids (see word_tokens)
+        self.word_cache_size = WORD_CACHE_SIZE
 
     def _encode_uncached(self, s: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(s, add_special_tokens=False).ids)
 
-    def word_tokens(self, words: list[str]) -> list[list[int]]:
-        """Token ids of each word (at least one: a word the tokenizer drops becomes [UNK])."""
-        if not words:
-            return []
-        enc = self.tokenizer.encode(words, is_pretokenized=True, add_special_tokens=False)
-        out: list[list[int]] = [[] for _ in words]
-        for tid, wid in zip(enc.ids, enc.word_ids, strict=True):
-            if wid is not None:
-                out[wid].append(tid)
-        unk = self.ids["unk"]
-        return [toks or [unk] for toks in out]
+    def word_tokens(self, words: list[str]) -> list[tuple[int, ...]]:
+        """Token ids of each word (at least one: a word the tokenizer drops becomes [UNK]).
+
+        A pre-tokenized input is normalized, split and tokenized word by word (`tokenizers` merges
+        the per-word encodings), so a word's ids do not depend on its neighbours and are cached:
+        natural text repeats its words, and the tokenizer call was most of a short row's render.
+        Only the words not seen yet go to the tokenizer, in one call. The cache holds at most
+        `word_cache_size` words and starts afresh when full."""
+        cache = self._words
+        out = [cache.get(w) for w in words]
+        missing = [i for i, toks in enumerate(out) if toks is None]
+        if missing:
+            enc = self.tokenizer.encode([words[i] for i in missing], is_pretokenized=True, add_special_tokens=False)
+            found: list[list[int]] = [[] for _ in missing]
+            for tid, wid in zip(enc.ids, enc.word_ids, strict=True):
+                if wid is not None:
+                    found[wid].append(tid)
+            if len(cache) + len(missing) > self.word_cache_size:
+                cache.clear()
+            unk = (self.ids["unk"],)
+            for i, toks in zip(missing, found, strict=True):
+                out[i] = cache[words[i]] = tuple(toks) or unk
+        return out  # type: ignore[return-value]  # every None was filled
 
     def block_tokens(self, row: Row, i: int) -> tuple[list[int], list[int]]:
         """Tokens of question block i and the offsets of its markers within the block."""
@@ -191,7 +205,7 @@ class Renderer:
             rendered.sequences.append(self._sequence(row, w, ws, word_toks[ws:we], blocks))
         return rendered
 
-    def _sequence(self, row: Row, window: int, ws: int, word_toks: list[list[int]],
+    def _sequence(self, row: Row, window: int, ws: int, word_toks: list[tuple[int, ...]],
                   blocks: list[tuple[list[int], list[int]]]) -> Sequence:
         ids = [self.ids["bos"]]
         word_positions = []
@@ -202,15 +216,16 @@ class Renderer:
         positions = list(range(ctx))
         parts = [0] * ctx
         out_blocks = []
-        for i, (toks, markers) in enumerate(blocks):
+        for i, (block, markers) in enumerate(blocks):
             start = len(ids)
-            ids.extend(toks)
-            positions.extend(range(ctx, ctx + len(toks)))
-            parts.extend([i + 1] * len(toks))
+            ids.extend(block)
+            positions.extend(range(ctx, ctx + len(block)))
+            parts.extend([i + 1] * len(block))
             out_blocks.append(Block(i, row.question_task(i), start, len(ids), [start + m for m in markers]))
         return Sequence(row.id, window, ws, ids, positions, parts, out_blocks, word_positions)
 
 
+WORD_CACHE_SIZE = 131_072  # words one Renderer keeps tokenized (short words: a few MB)
 MIN_TEXT_BUDGET = 16  # a row whose longest block leaves fewer text tokens per window is refused
 
 

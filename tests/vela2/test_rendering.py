@@ -499,3 +499,56 @@ def test_block_too_long_for_a_window(demo_model):
         r"of 768 tokens that leaves -?\d+ for the text \(need >= 16\)",
     ):
         render_row(row, demo_model.tokenizer, demo_model.config, demo_model.calibration.default_questions)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_kinds(demo_model) -> dict[str, object]:
+    """Small tokenizers of the common families (trained here, offline) beside the demo's."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    corpus = [" ".join(VOCAB), " ".join(ODD), "co-op snake_case_name naïve 東京 😀 1,234.56"] * 20
+    made = {}
+    for kind in ("bytelevel-bpe", "metaspace-bpe", "wordpiece", "unigram"):
+        if kind == "bytelevel-bpe":
+            tok = Tokenizer(models.BPE())
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        elif kind == "metaspace-bpe":
+            tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+            tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+            trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"])
+        elif kind == "wordpiece":
+            tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+            tok.normalizer = normalizers.BertNormalizer()
+            tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+            trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]"])
+        else:
+            tok = Tokenizer(models.Unigram())
+            tok.pre_tokenizer = pre_tokenizers.Metaspace()
+            trainer = trainers.UnigramTrainer(vocab_size=200, special_tokens=["[UNK]"], unk_token="[UNK]")
+        tok.train_from_iterator(corpus, trainer)
+        made[kind] = tok
+    return {"demo": demo_model.tokenizer, **made}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(words_st, min_size=1, max_size=30), min_size=1, max_size=4))
+def test_cached_word_tokens_equal_a_fresh_encode(demo_model, tokenizer_kinds, batches):
+    """The word cache returns what the tokenizer gives each word in context (tokenizers encode a
+    pre-tokenized input word by word), for every tokenizer family, across hits, misses and a cache
+    that starts afresh when full (a tiny WORD_CACHE_SIZE)."""
+    from vela2.rendering import Renderer
+
+    for name, tok in tokenizer_kinds.items():
+        renderer = Renderer(tok, demo_model.config, demo_model.calibration.default_questions)
+        renderer.word_cache_size = 40
+        unk = renderer.ids["unk"]
+        for words in [*batches, *batches]:  # the second pass hits the cache
+            enc = tok.encode(words, is_pretokenized=True, add_special_tokens=False)
+            want: list[list[int]] = [[] for _ in words]
+            for tid, wid in zip(enc.ids, enc.word_ids, strict=True):
+                want[wid].append(tid)
+            got = renderer.word_tokens(words)
+            assert [list(t) for t in got] == [w or [unk] for w in want], name
+            assert len(renderer._words) <= 40
+
