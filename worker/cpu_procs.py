@@ -6,8 +6,8 @@ loads what the two steps need from the checkpoint directory (tokenizer, config, 
 weights) and runs vela2.pipeline.prepare / finish — the same functions predict() calls. A row's
 render and its decode go to the same process, which keeps the rendered row in between: only the
 sequences (numpy arrays) travel to the engine, and only the raw head outputs travel back. The
-engine sends one pipe message per process per turn (a batch of work); the answers come back in
-batches too, read by one thread per process that hands them to the engine as done Futures.
+engine sends one pipe message per process per slice of a turn's work; the answers come back in
+chunks of REPLY_CHUNK, read by one thread per process that hands them to the engine as done Futures.
 
 A process that dies (a crash inside the tokenizer) is started again; the rows it held are failed
 with model_error (their render or decode is lost with it), nothing waits forever.
@@ -30,6 +30,7 @@ from vela2.errors import ModelError
 
 log = logging.getLogger(__name__)
 
+REPLY_CHUNK = 32  # answers a process sends at once (~10 ms of short rows: the device gets them soon)
 HELD_MAX = 200_000  # rows one process keeps rendered at most (a bound should drops ever be missed)
 
 
@@ -110,6 +111,9 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
             except BaseException as e:  # noqa: BLE001 (every failure is the row's answer)
                 held.pop(key, None)
                 replies.append(("error", op, key, portable(e), time.thread_time() - c0))
+            if len(replies) >= REPLY_CHUNK:  # a long list of work answers as it goes, not at its end
+                conn.send(replies)
+                replies = []
         if replies:
             conn.send(replies)
 

@@ -62,6 +62,7 @@ STATS_LOG_PREFIX = "vela2 engine stats: "  # then one JSON object (EngineStats.t
 _IDLE_WAIT_S = 0.5  # longest sleep with nothing waiting (new events wake the loop at once)
 _STORE_RETRY_S = 1.0  # pause before retrying a failed result write (Redis away)
 RECENT_BATCHES = 256  # batches EngineStats.recent keeps
+INTAKE_SLICE = 256  # requests opened before they are checked for duplicates and sent to render
 MAX_IN_FLIGHT = 2  # batches handed to the device at once: the running one and the next
 RECENT_FIELDS = ("launched", "device_start", "device_end", "sequences", "tokens", "waiting", "rendering", "held")
 
@@ -376,13 +377,23 @@ class Engine:
     # --- intake -------------------------------------------------------------------------------
 
     def _intake(self, deliveries: list[Delivery]) -> None:
+        """Open a turn's messages and start their requests, INTAKE_SLICE requests at a time: a flood
+        (thousands of rows after a pause) starts rendering after its first slice, not its last."""
         fresh: list[_Request] = []
         for d in deliveries:
             try:
                 fresh.extend(self._open_message(d))
             except Exception:  # a bug must not strand this turn's other deliveries
                 log.exception("opening a message failed; it stays unacked and comes back after the visibility timeout")
-        fresh = [r for r in fresh if not self._follows(r)]
+            if len(fresh) >= INTAKE_SLICE:
+                self._admit(fresh)
+                fresh = []
+        if fresh:
+            self._admit(fresh)
+
+    def _admit(self, opened: list[_Request]) -> None:
+        """Duplicate check (one round trip), then render each new request (messages opened whole)."""
+        fresh = [r for r in opened if not self._follows(r)]
         if not fresh:
             return
         try:
@@ -406,6 +417,8 @@ class Engine:
             else:
                 fut = self._pool.submit(self._prepare, req)
                 fut.add_done_callback(partial(self._post, "prepared", req))
+        if self.cpu is not None:
+            self.cpu.flush()
         for msg in {r.msg for r in fresh}:
             self._maybe_finalize(msg)
 

@@ -490,3 +490,39 @@ def test_the_next_full_batch_waits_behind_the_running_one_and_no_partial_one_doe
         engine.stop(5)
     assert sum(len(b) for b in pipe.batches) == 40 and max(len(b) for b in pipe.batches) == 14
     assert len(broker.acked) == 40 and all(read_results(redis, [f"g{i}" for i in range(40)]).values())
+
+
+class RecordingCpu:
+    """worker.cpu_procs.CpuProcesses' engine-facing calls, recorded (no processes)."""
+
+    def __init__(self):
+        self.on_done = None
+        self.rendered: list[str] = []
+        self.flushed_at: list[int] = []  # renders queued when each flush() came
+
+    def render(self, key, obj) -> None:
+        self.rendered.append(obj["id"])
+
+    def flush(self) -> None:
+        self.flushed_at.append(len(self.rendered))
+
+
+def test_a_flood_of_requests_is_sent_to_render_a_slice_at_a_time(redis):
+    """One turn's deliveries (three 200-row messages) go to the render processes in slices of at
+    least INTAKE_SLICE requests, each message whole; an id repeated in a later slice follows the
+    first one instead of rendering again."""
+    from worker.engine import INTAKE_SLICE
+
+    cpu = RecordingCpu()
+    settings = EngineSettings(max_batch_tokens=1024, max_wait_ms=5.0)
+    engine = Engine(SimpleNamespace(name="fake", calibration=Calibration()), ResultStore(redis, ttl_s=600),
+                    settings, pipeline=FakePipeline(), cpu=cpu)
+    broker = Broker(redis)
+    assert 200 < INTAKE_SLICE < 400
+    chunks = [[row(f"m{m}-{i}") for i in range(200)] for m in range(3)]
+    chunks[2][0] = row("m0-0")  # a duplicate of the first message's first row
+    engine._intake([broker.delivery(c, chunk=True) for c in chunks])
+    assert cpu.flushed_at == [400, 599]  # after two whole messages, then the rest
+    assert len(cpu.rendered) == len(set(cpu.rendered)) == 599
+    (follower,) = engine._followers["m0-0"]
+    assert list(engine._followers) == ["m0-0"] and follower is not engine._working["m0-0"].msg
