@@ -195,15 +195,19 @@ def queue_path(url: str, model_name: str, rows: list[dict[str, Any]], chunk: int
 def device_timeline(stats: dict[str, Any] | None, window: list[float]) -> dict[str, Any] | None:
     """What the worker's device did inside the queue phase (its engine's recent batches, on the host's
     shared monotonic clock): busy fraction, batches, sequences per batch, the idle gaps between a
-    batch's end and the next launch, and what waited / rendered / was held at each launch."""
+    batch's end and the next launch, what waited / rendered / was held at each launch, and the
+    batches launched before the queue clock started (work the figure did not time)."""
     recent = (stats or {}).get("recent_batches")
     if not recent:
         return None
     rows = [dict(zip(recent["fields"], r, strict=True)) for r in recent["rows"]]
     t0, t1 = window
-    rows = [r for r in rows if r["launched"] >= t0 and r["device_start"] <= t1]
+    # every batch the device ran inside the window, those launched before it too (the worker may
+    # take the first messages while the submit's pipeline is still being written)
+    rows = [r for r in rows if r["device_end"] >= t0 and r["device_start"] <= t1]
     if not rows:
         return None
+    early = [r for r in rows if r["launched"] < t0]
     busy = sum(min(r["device_end"], t1) - max(r["device_start"], t0) for r in rows)
     gaps = [b["device_start"] - a["device_end"] for a, b in zip(rows, rows[1:], strict=False)]  # device idle
 
@@ -212,6 +216,7 @@ def device_timeline(stats: dict[str, Any] | None, window: list[float]) -> dict[s
 
     return {"busy_fraction": round(busy / (t1 - t0), 3), "batches": len(rows),
             "first_launch_s": round(rows[0]["launched"] - t0, 3),
+            "launched_before_window": {"batches": len(early), "sequences": sum(r["sequences"] for r in early)},
             "sequences_per_batch": mean([r["sequences"] for r in rows]),
             "device_s_per_batch": mean([r["device_end"] - r["device_start"] for r in rows]),
             "gap_s_mean": mean(gaps), "gap_s_max": round(max(gaps), 4) if gaps else None,

@@ -526,3 +526,21 @@ def test_a_flood_of_requests_is_sent_to_render_a_slice_at_a_time(redis):
     assert len(cpu.rendered) == len(set(cpu.rendered)) == 599
     (follower,) = engine._followers["m0-0"]
     assert list(engine._followers) == ["m0-0"] and follower is not engine._working["m0-0"].msg
+
+
+def test_a_turn_takes_at_most_turn_events_and_leaves_the_rest_queued(redis):
+    """A flood of one-row messages is taken over several turns (a batch can launch between them):
+    the first turn takes TURN_EVENTS, the next one the rest."""
+    from worker.engine import TURN_EVENTS
+
+    cpu = RecordingCpu()
+    engine = Engine(SimpleNamespace(name="fake", calibration=Calibration()), ResultStore(redis, ttl_s=600),
+                    EngineSettings(max_batch_tokens=1024, max_wait_ms=5.0), pipeline=FakePipeline(), cpu=cpu)
+    broker = Broker(redis)
+    n = TURN_EVENTS + 100
+    for i in range(n):
+        engine.submit(broker.delivery([row(f"t{i}")]))
+    engine._turn(0.0)
+    assert len(cpu.rendered) == TURN_EVENTS and engine._events.qsize() == 100
+    engine._turn(0.0)
+    assert len(cpu.rendered) == n and engine._events.qsize() == 0
