@@ -16,6 +16,8 @@ reserve (config `window_block_reserve_tokens`, default an eighth of the window) 
 of a text unchanged, so a bundled answer equals the answer asked alone, long texts included.
 Rendering is a pure function of
 (row, tokenizer, config, default question texts): the worker and predict() call the same code.
+User strings never become structure: special-token strings typed in a question, option or label
+are tokenized as the plain text they are (`plain_text_tokenizer`).
 """
 
 from __future__ import annotations
@@ -117,11 +119,20 @@ def split_words(text: str) -> np.ndarray:
     return np.array(spans, dtype=np.int64).reshape(-1, 2)
 
 
+def plain_text_tokenizer(tokenizer):
+    """A copy of `tokenizer` that reads the strings of special tokens ("[OPT]", "[SEP]", ...) in user
+    text as plain text. Markers are inserted by id only: a question, option or label that types
+    "[OPT]" must not add an option (the text is split into words, which already keeps "[" apart)."""
+    copy = type(tokenizer).from_str(tokenizer.to_str())
+    copy.encode_special_tokens = True
+    return copy
+
+
 class Renderer:
     """Holds the tokenizer-dependent pieces of rendering (special ids, a cache of short strings)."""
 
     def __init__(self, tokenizer, config: Vela2Config, default_questions: dict[str, str]):
-        self.tokenizer = tokenizer
+        self.tokenizer = plain_text_tokenizer(tokenizer)
         self.config = config
         self.default_questions = default_questions
         st = config.special_tokens

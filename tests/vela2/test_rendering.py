@@ -544,7 +544,7 @@ def test_cached_word_tokens_equal_a_fresh_encode(demo_model, tokenizer_kinds, ba
         renderer.word_cache_size = 40
         unk = renderer.ids["unk"]
         for words in [*batches, *batches]:  # the second pass hits the cache
-            enc = tok.encode(words, is_pretokenized=True, add_special_tokens=False)
+            enc = renderer.tokenizer.encode(words, is_pretokenized=True, add_special_tokens=False)
             want: list[list[int]] = [[] for _ in words]
             for tid, wid in zip(enc.ids, enc.word_ids, strict=True):
                 want[wid].append(tid)
@@ -552,3 +552,55 @@ def test_cached_word_tokens_equal_a_fresh_encode(demo_model, tokenizer_kinds, ba
             assert [list(t) for t in got] == [w or [unk] for w in want], name
             assert len(renderer._words) <= 40
 
+
+
+SPECIAL_STRINGS = ["[PAD]", "[BOS]", "[Q]", "[SEP]", "[OPT]", "[ABS]", "[LBL]", "[UNK]"]
+_SPECIAL_RE = regex.compile("|".join(regex.escape(t) for t in SPECIAL_STRINGS))
+
+
+def _structure(model, rendered) -> list:
+    """What the markers make of a rendering: per sequence, every structure token with its part, each
+    block's task and marker count, and the ids its markers point at. ([UNK] is not structure: text
+    the vocabulary lacks becomes it, typed or not.)"""
+    special = {i for name, i in model.special_ids.items() if name != "unk"}
+    return [([(t, p) for t, p in zip(s.input_ids, s.parts, strict=True) if t in special],
+             [(b.task, len(b.markers)) for b in s.blocks],
+             [s.input_ids[m] for b in s.blocks for m in b.markers]) for s in rendered.sequences]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=texts(), kinds=st.lists(st.sampled_from(["choice", "score", "set", "span"]), min_size=1, max_size=3),
+       pieces=st.lists(st.text(max_size=6), min_size=1, max_size=8),
+       specials=st.lists(st.sampled_from(SPECIAL_STRINGS), min_size=1, max_size=8), seed=st.integers(0, 2**16))
+def test_special_token_strings_in_user_strings_stay_text(demo_model, text, kinds, pieces, specials, seed):
+    """Questions, options and labels holding every special token's string (and random text around
+    them) render to the same structure — special tokens, parts, blocks, markers — as the same row
+    with those strings removed: typed "[OPT]" is text, never an option."""
+    assume(text.strip())
+    rnd = random.Random(seed)
+
+    def spiked(prefix: str) -> str:
+        bits = [prefix, *pieces, *SPECIAL_STRINGS, *specials]
+        rnd.shuffle(bits)
+        return "".join(bits)
+
+    questions = []
+    for q, kind in enumerate(kinds):
+        items = [spiked(f"i{q}x{k}") for k in range(rnd.randint(2, 4))]
+        questions.append({"task": f"{kind}:t{kind}", "question": spiked(f"q{q} "),
+                          ("labels" if kind == "span" else "options"): items})
+    dirty = {"id": "r", "task": questions[0]["task"], "text": text, "questions": questions}
+
+    def clean(v):
+        if isinstance(v, str):
+            return _SPECIAL_RE.sub("", v)
+        return [clean(x) for x in v] if isinstance(v, list) else {k: clean(x) for k, x in v.items()}
+
+    cleaned = {**clean({"questions": questions}), "id": "r", "task": questions[0]["task"], "text": text}
+    config, defaults = demo_model.config, demo_model.calibration.default_questions
+    try:
+        got = render_row(parse_row(dirty), demo_model.tokenizer, config, defaults)
+    except LimitExceeded:  # a block too long for the window: refused whole, never mis-rendered
+        return
+    want = render_row(parse_row(cleaned), demo_model.tokenizer, config, defaults)
+    assert _structure(demo_model, got) == _structure(demo_model, want)
