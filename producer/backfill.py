@@ -63,7 +63,7 @@ from producer.client import (
     result_expired_error,
 )
 from vela2.config import LIMITS
-from vela2.errors import InvalidRequest, Vela2Error
+from vela2.errors import InvalidRequest, LimitExceeded, Vela2Error
 from vela2.schemas import Status, error_result
 from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
 from vela2.wire.keys import queue_name
@@ -486,6 +486,7 @@ def run_backfill(
         raise InvalidRequest(f"window must be at least 1; got {window}")
     if chunk_size < 1:
         raise InvalidRequest(f"chunk_size must be at least 1; got {chunk_size}")
+    deadline_to_expires(deadline_s)  # a deadline out of bounds is refused before anything is queued
     t0 = time.monotonic()
     done, torn = scan_out(out_path)
     enabled = sys.stderr.isatty() if progress is None else progress
@@ -559,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             poll_s=args.poll_s,
             redis_timeout_s=args.redis_timeout_s,
         )
-    except InvalidRequest as e:
+    except (InvalidRequest, LimitExceeded) as e:
         print(f"vela2 backfill: {e}", file=sys.stderr)
         return 2
     except redis.exceptions.RedisError as e:  # an outage past redis_timeout_s, or a refused write (OOM)

@@ -30,9 +30,11 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
       marker is gone)
 410   GET of an id whose answer expired from the result store: the error answer with
       ``error.type`` ``result_expired`` and the id (POST: only when it expired within ``wait_s``)
-413   body over ``LIMITS.max_message_bytes`` (``limit_exceeded``)
+413   body over ``LIMITS.max_message_bytes`` (``limit_exceeded``): by its Content-Length, or as
+      soon as a streamed body passes it (the rest is never read)
 422   invalid request (``invalid_request`` / ``limit_exceeded``, with the field, limit and value),
-      refused here or by the worker; bad query parameters
+      refused here or by the worker; query parameters out of bounds (``deadline_s`` at most
+      ``LIMITS.max_deadline_s``)
 500   the worker failed on it (e.g. ``model_error``): the error answer
 503   Redis unreachable
 504   ``status: expired``: its ``deadline_s`` passed before a worker scored it
@@ -120,6 +122,21 @@ def status_code(answer: dict[str, Any]) -> int:
     if code == ModelMismatch.code:
         return 400
     return 422 if code in REQUEST_ERROR_TYPES else 500
+
+
+async def read_body(request: Request, limit: int) -> bytes | LimitExceeded:
+    """The request body, read only up to `limit` bytes: a larger one (by its Content-Length, or
+    while it streams in) is refused with what is known of its size, and the rest is never read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return LimitExceeded(f"request body has {int(declared):,} bytes; limit {limit:,}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return LimitExceeded(f"request body has over {limit:,} bytes (read {size:,}); limit {limit:,}")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _error(http_status: int, exc: BaseException, obj: Any = None) -> JSONResponse:
@@ -224,14 +241,13 @@ def create_app(
             None, ge=0, le=max_wait_s, description=f"seconds to wait for the answer (default {timeout_s:g})"
         ),
         deadline_s: float | None = Query(
-            None, gt=0, description="after this many seconds unscored, the worker answers expired (504)"
+            None, gt=0, le=LIMITS.max_deadline_s,
+            description="after this many seconds unscored, the worker answers expired (504)",
         ),
     ) -> JSONResponse:
-        body = await request.body()
-        if len(body) > LIMITS.max_message_bytes:
-            return _error(
-                413, LimitExceeded(f"request body has {len(body):,} bytes; limit {LIMITS.max_message_bytes:,}")
-            )
+        body = await read_body(request, LIMITS.max_message_bytes)
+        if isinstance(body, LimitExceeded):
+            return _error(413, body)
         try:
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:

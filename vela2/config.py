@@ -35,6 +35,7 @@ class Limits:
     max_fields: int = 32  # fields of one SystemOne JSON input
     max_message_bytes: int = 8_000_000  # bytes of one queue message (the worker refuses larger ones)
     max_request_tokens: int = 2_000_000  # tokens of all sequences of one request (windows x blocks)
+    max_deadline_s: float = 30 * 86_400.0  # a request's deadline_s (seconds until it expires unscored)
 
 
 LIMITS = Limits()

@@ -354,3 +354,15 @@ def test_resume_after_sigkill_writes_every_id_exactly_once(tmp_path, redis_url, 
     assert summary["torn_bytes"] == len(b'{"id":"k-399","task":"choi')
     assert summary["submitted"] + summary["recovered"] == n_rows - done_before
     assert summary["max_in_flight"] <= 16
+
+
+def test_a_deadline_out_of_bounds_exits_2_before_anything_is_queued(tmp_path, capsys):
+    """Refused before Redis is even reached (none answers on port 1: that would exit 3)."""
+    from producer.backfill import main
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    row = {"id": "a", "task": "choice:x", "text": "t", "questions": [{"options": ["a", "b"]}]}
+    inp.write_text(json.dumps(row) + "\n")
+    assert main([str(inp), str(out), "--redis", "redis://127.0.0.1:1/0", "--deadline-s", "1e12"]) == 2
+    assert "deadline_s is 1000000000000.0; it must be > 0 and at most 2,592,000 s" in capsys.readouterr().err
+    assert not out.exists() or out.read_text() == ""

@@ -127,6 +127,15 @@ def test_deadline_becomes_the_celery_expires_header(client, redis):
     assert n["headers"]["expires"] is None
 
 
+@pytest.mark.parametrize("deadline_s", [0, -1, float("nan"), float("inf"), 1e12])
+def test_a_deadline_out_of_bounds_is_refused_and_nothing_is_queued(client, redis, deadline_s):
+    with pytest.raises(LimitExceeded, match=r"deadline_s is .*; it must be > 0 and at most 2,592,000 s"):
+        client.submit({**ROW, "id": "d"}, deadline_s=deadline_s)
+    with pytest.raises(LimitExceeded):
+        client.submit_many([{**ROW, "id": "e"}], deadline_s=deadline_s)
+    assert redis.llen(ONLINE) == 0
+
+
 def test_a_request_over_the_message_limit_is_refused_at_the_caller(client, redis):
     # 2,000,000 characters (the text limit) of 4-byte UTF-8: a valid row, but an 8 MB message.
     huge = {**ROW, "id": "huge", "text": "\U0001f600" * 2_000_000}

@@ -108,8 +108,21 @@ def test_refusals_are_4xx_with_clear_messages_and_nothing_is_queued(redis_url, r
         assert r.status_code == 413 and r.json()["error"]["type"] == "limit_exceeded"
         assert r.json()["error"]["message"] == "request body has 8,000,001 bytes; limit 8,000,000"
 
+        def chunked():  # no Content-Length: the limit is found while reading, and reading stops there
+            for _ in range(200):
+                yield b" " * 65_536
+
+        r = http.post("/v1/system_one", content=chunked())
+        assert r.status_code == 413 and r.json()["error"]["type"] == "limit_exceeded"
+        assert r.json()["error"]["message"].startswith("request body has over 8,000,000 bytes (read ")
+
         r = http.post("/v1/system_one", json=REQUEST, params={"wait_s": 9999})
         assert r.status_code == 422 and "wait_s" in r.json()["error"]["message"]
+
+        for deadline in ("1e12", "inf", "nan", "0", "-1"):  # every numeric parameter is bounded: 422, never 500
+            r = http.post("/v1/system_one", json=REQUEST, params={"deadline_s": deadline})
+            assert r.status_code == 422, (deadline, r.text)
+            assert r.json()["error"]["type"] == "invalid_request" and "deadline_s" in r.json()["error"]["message"]
 
         r = http.get("/v1/results/never-submitted")
         assert r.status_code == 404 and "never-submitted" in r.json()["detail"]

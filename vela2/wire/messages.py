@@ -153,8 +153,13 @@ def _json_bytes(obj: Any) -> bytes:
 
 
 def deadline_to_expires(deadline_s: float | None) -> datetime | None:
-    """A relative deadline in seconds -> the absolute `expires` time (None: no deadline)."""
-    return None if deadline_s is None else datetime.now(UTC) + timedelta(seconds=deadline_s)
+    """A relative deadline in seconds -> the absolute `expires` time (None: no deadline). Raises
+    LimitExceeded unless 0 < deadline_s <= LIMITS.max_deadline_s."""
+    if deadline_s is None:
+        return None
+    if not 0 < deadline_s <= LIMITS.max_deadline_s:  # NaN fails this too
+        raise LimitExceeded(f"deadline_s is {deadline_s!r}; it must be > 0 and at most {LIMITS.max_deadline_s:,.0f} s")
+    return datetime.now(UTC) + timedelta(seconds=deadline_s)
 
 
 def parse_expires(value: Any) -> datetime | None:
