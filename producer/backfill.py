@@ -63,7 +63,8 @@ from producer.client import (
     result_expired_error,
 )
 from vela2.config import LIMITS
-from vela2.errors import InvalidRequest, LimitExceeded, Vela2Error
+from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, Vela2Error
+from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
 from vela2.schemas import Status, error_result
 from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
 from vela2.wire.keys import queue_name
@@ -519,7 +520,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vela2 backfill", description=__doc__.splitlines()[0])
     ap.add_argument("input", metavar="IN.jsonl", help="one row or SystemOne request per line")
     ap.add_argument("output", metavar="OUT.jsonl", help="results, one line per input id (appended; resumable)")
-    ap.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL), help="Redis URL")
+    ap.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL),
+                    help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
+    ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
+                    help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="model name (its queues)")
     ap.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="most rows in flight (backpressure)")
     ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="rows per queue message")
@@ -547,10 +551,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vela2 backfill: {args.input}: no such file", file=sys.stderr)
         return 2
     try:
+        redis_url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv, log)
         summary = run_backfill(
             args.input,
             args.output,
-            redis_url=args.redis,
+            redis_url=redis_url,
             model=args.model,
             window=args.window,
             chunk_size=args.chunk_size,
@@ -560,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
             poll_s=args.poll_s,
             redis_timeout_s=args.redis_timeout_s,
         )
-    except (InvalidRequest, LimitExceeded) as e:
+    except (InvalidRequest, LimitExceeded, ConfigError) as e:
         print(f"vela2 backfill: {e}", file=sys.stderr)
         return 2
     except redis.exceptions.RedisError as e:  # an outage past redis_timeout_s, or a refused write (OOM)

@@ -65,7 +65,8 @@ from producer.aio import AsyncClient
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, result_expired_error
 from vela2 import __version__
 from vela2.config import LIMITS
-from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
+from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
+from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
 from vela2.schemas import ErrorInfo, Status
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, SystemOneRequest, error_answer, parse_request
 from vela2.wire.keys import queue_name
@@ -360,7 +361,10 @@ def serve(
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2 http` arguments (shared with the CLI)."""
     ap = argparse.ArgumentParser(prog="vela2 http", description=__doc__.splitlines()[0])
-    ap.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL), help="Redis URL")
+    ap.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL),
+                    help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
+    ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
+                    help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
     ap.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0 inside a container)")
     ap.add_argument("--port", type=int, default=DEFAULT_PORT)
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="the model served")
@@ -373,8 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """the HTTP route for SystemOne requests (serves until stopped)"""
     args = build_parser().parse_args(argv)
+    try:
+        redis_url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv, log)
+    except ConfigError as e:
+        print(f"vela2 http: {e}", file=sys.stderr)
+        return 2
     serve(
-        args.redis,
+        redis_url,
         args.host,
         args.port,
         args.model,

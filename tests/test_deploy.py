@@ -242,6 +242,18 @@ def test_prometheus_scrapes_the_worker_metrics_port(compose):
     assert {n for n, _ in scraped} <= set(compose["services"])
     mounted = [v for v in compose["services"]["prometheus"]["volumes"] if v.startswith("./deploy/prometheus.yml:")]
     assert mounted
+    # the worker binds loopback by default (worker.settings): in its container it must listen on the
+    # compose network, and no worker service publishes the metrics port on the host
+    for name in ("worker", "workers"):
+        assert "VELA2_METRICS_HOST=0.0.0.0" in compose["services"][name]["environment"], name
+        assert "ports" not in compose["services"][name], name
+
+
+def test_every_published_port_is_loopback_by_default(compose):
+    """Nothing is published on the host's other interfaces unless its *_BIND variable says so."""
+    for name, svc in compose["services"].items():
+        for p in svc.get("ports", []):
+            assert str(p).startswith(("127.0.0.1:", "${VELA2_HTTP_BIND:-127.0.0.1}:")), (name, p)
 
 
 # ---------------------------------------------------------------------------------------------

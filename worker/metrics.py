@@ -93,6 +93,7 @@ class Metrics:
     def __init__(self, *, row_tokens: int = 0) -> None:
         self.registry = CollectorRegistry()
         self.row_tokens = row_tokens
+        self.server: Any = None  # the metrics HTTP server once serve() ran
         r = self.registry
         self.requests = Counter("vela2_requests", "Results stored, by status (ok, error, expired)", ["status"],
                                 registry=r)
@@ -146,7 +147,8 @@ class Metrics:
         for stage, ms in (timings or {}).items():
             self.duration.labels(stage.removesuffix("_ms")).observe(ms / 1e3)
 
-    def serve(self, port: int) -> None:
-        """Expose the metrics on http://0.0.0.0:<port>/metrics (a daemon thread)."""
-        start_http_server(port, registry=self.registry)
-        log.info("metrics on port %d", port)
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """Expose the metrics on http://<host>:<port>/metrics (a daemon thread)."""
+        started = start_http_server(port, addr=host, registry=self.registry)
+        self.server = started[0] if isinstance(started, tuple) else None  # (server, thread) in newer clients
+        log.info("metrics on %s:%d", host, port)

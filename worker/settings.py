@@ -19,6 +19,7 @@ from typing import Any
 
 from vela2.config import DEFAULT_MAX_BATCH_TOKENS, LIMITS, PRECISIONS, Vela2Config, default_precision
 from vela2.errors import ConfigError
+from vela2.redis_url import read_url_file
 from vela2.wire.results import DEFAULT_RESULT_EXPIRES_S
 
 ENV_PREFIX = "VELA2_"
@@ -55,6 +56,8 @@ class WorkerSettings:
     """Everything a worker process needs; `from_env()` reads the VELA2_* variables."""
 
     redis_url: str = setting("redis://127.0.0.1:6379/0", "broker and result backend URL", flag="--redis")
+    redis_url_file: str | None = setting(None, "read the Redis URL from this file's first line (keeps a password "
+                                               "off the command line); wins over redis_url")
     checkpoint: str | None = setting(None, "checkpoint directory (required)")
     device: str = setting("cpu", "cuda:0, cpu, ...: one worker process per device")
     dtype: str | None = setting(None, "backbone dtype; default bfloat16 for bf16, else float32", choices=DTYPES)
@@ -66,6 +69,8 @@ class WorkerSettings:
     result_expires_s: int = setting(DEFAULT_RESULT_EXPIRES_S, "TTL of stored results")
     shutdown_timeout_s: float = setting(60.0, "warm shutdown: finish what is held within this, return the rest")
     metrics_port: int = setting(0, "serve Prometheus metrics on this port; 0: off")
+    metrics_host: str = setting("127.0.0.1", "interface the metrics are served on (0.0.0.0: every interface, "
+                                             "e.g. inside a container scraped over its network)")
     redis_wait_s: float = setting(60.0, "at start, wait this long for Redis to answer, then exit non-zero")
     model_name: str | None = setting(None, "queue naming; default the checkpoint's name", env="VELA2_MODEL",
                                      flag="--model")
@@ -95,6 +100,8 @@ class WorkerSettings:
         if unknown:
             raise ConfigError(f"unknown worker settings {sorted(unknown)}")
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if values.get("redis_url_file"):
+            values["redis_url"] = read_url_file(values["redis_url_file"])
         return cls.from_flat(values)
 
     @classmethod

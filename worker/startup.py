@@ -25,6 +25,7 @@ from typing import Any
 from kombu.utils.url import maybe_sanitize_url
 
 from vela2.errors import ConfigError, Vela2Error
+from vela2.redis_url import warn_if_password_in_argv
 from vela2.wire import keys, taking
 from vela2.wire.results import ResultStore
 from worker import faults
@@ -58,7 +59,8 @@ def exit_on_start_failure(e: BaseException) -> None:
 def preflight(settings: WorkerSettings) -> None:
     """What can be checked before Celery starts, so `vela2 worker` fails fast with one clear line:
     the settings, the checkpoint's config, and Redis (reachable within redis_wait_s, and the
-    password accepted). Raises ConfigError / CheckpointError."""
+    password accepted); warns when a Redis password sits in argv. Raises ConfigError / CheckpointError."""
+    warn_if_password_in_argv(sys.argv[1:], log)
     settings.validate()
     settings.resolved_model_name()  # reads the checkpoint's config.json
     check_redis(settings.redis_url, settings.redis_wait_s)
@@ -150,7 +152,7 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
                             redis=client, queues=keys.queues(model.name),
                             gpu_memory_source=(lambda: device.memory) if isinstance(device, ProcessDevice) else None)
     if settings.metrics_port:
-        metrics.serve(settings.metrics_port)
+        metrics.serve(settings.metrics_port, settings.metrics_host)
     leases = Leases(redis.Redis.from_url(settings.redis_url), settings.visibility_timeout_s,
                     progress=lambda: engine.progress)
     broker = redis.Redis.from_url(settings.redis_url)

@@ -71,3 +71,22 @@ def test_padding_fraction_follows_the_row_layout():
     assert Metrics().padded_tokens([100, 50, 50]) == 300
     assert Metrics(row_tokens=200).padded_tokens([100, 50, 50]) == 200  # one row of 200
     assert Metrics(row_tokens=120).padded_tokens([100, 50, 50]) == 2 * 120  # rows [100] and [50, 50]
+
+
+def test_metrics_bind_loopback_unless_told_otherwise():
+    m = Metrics()
+    port = free_port()
+    m.serve(port)
+    try:
+        assert m.server.server_address[0] == "127.0.0.1"
+        assert "vela2_requests" in scrape(port)
+    finally:
+        m.server.shutdown()
+        m.server.server_close()
+    wide = Metrics()
+    wide.serve(free_port(), "0.0.0.0")
+    try:
+        assert wide.server.server_address[0] == "0.0.0.0"
+    finally:
+        wide.server.shutdown()
+        wide.server.server_close()

@@ -1,0 +1,86 @@
+"""vela2.redis_url: the Redis URL from a file, passwords spotted in argv, and the commands that use
+it (worker settings, vela2 backfill, vela2 http)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from vela2.errors import ConfigError
+from vela2.redis_url import PASSWORD_IN_ARGV, has_password, read_url_file, url_from_args, warn_if_password_in_argv
+from worker.settings import WorkerSettings
+
+
+def test_read_url_file(tmp_path):
+    f = tmp_path / "url"
+    f.write_text("  redis://:s3cret@10.0.0.5:6380/2  \nignored\n")
+    assert read_url_file(f) == "redis://:s3cret@10.0.0.5:6380/2"
+    f.write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        read_url_file(f)
+    with pytest.raises(ConfigError, match="cannot read the Redis URL file"):
+        read_url_file(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(("url", "secret"), [
+    ("redis://:pw@host:6379/0", True), ("rediss://user:pw@host/1", True), ("redis://host/0?password=pw", True),
+    ("redis://user@host/0", False), ("redis://127.0.0.1:6379/0", False), ("unix:///tmp/r.sock", False),
+])
+def test_has_password(url, secret):
+    assert has_password(url) is secret
+
+
+def test_a_password_in_argv_is_warned_about_once(caplog):
+    log = logging.getLogger("test.redis_url")
+    argv = ["in.jsonl", "out.jsonl", "--redis", "redis://:pw@h:6379/0"]
+    with caplog.at_level(logging.WARNING, logger="test.redis_url"):
+        assert warn_if_password_in_argv(argv, log)
+        assert warn_if_password_in_argv(argv, log)  # the same argv: no second line
+        assert warn_if_password_in_argv(["--redis=redis://:pw@h/1"], log)
+        assert not warn_if_password_in_argv(["--redis", "redis://h:6379/0"], log)
+    assert [r.getMessage() for r in caplog.records] == [PASSWORD_IN_ARGV, PASSWORD_IN_ARGV]
+
+
+def test_the_file_wins_over_the_flag(tmp_path):
+    f = tmp_path / "url"
+    f.write_text("redis://:pw@from-file:6379/0\n")
+    log = logging.getLogger("test.redis_url")
+    assert url_from_args("redis://flag:6379/0", str(f), [], log) == "redis://:pw@from-file:6379/0"
+    assert url_from_args("redis://flag:6379/0", None, [], log) == "redis://flag:6379/0"
+
+
+def test_worker_settings_read_the_url_file(tmp_path):
+    f = tmp_path / "url"
+    f.write_text("redis://:pw@from-file:6379/3\n")
+    env = {"VELA2_REDIS_URL": "redis://env:6379/0", "VELA2_REDIS_URL_FILE": str(f)}
+    assert WorkerSettings.from_env(env).redis_url == "redis://:pw@from-file:6379/3"
+    assert WorkerSettings.from_env({"VELA2_REDIS_URL": "redis://env:6379/0"}).redis_url == "redis://env:6379/0"
+    with pytest.raises(ConfigError, match="cannot read the Redis URL file"):
+        WorkerSettings.from_env({"VELA2_REDIS_URL_FILE": str(tmp_path / "missing")})
+    assert WorkerSettings().metrics_host == "127.0.0.1"
+
+
+def test_backfill_takes_the_url_from_a_file(tmp_path, capsys, redis_server, redis_url):
+    """End to end through `vela2 backfill`'s main: the file names the live Redis (the flag a dead
+    one), and the row is queued there (no worker: it times out into an error line)."""
+    import json
+
+    from producer.backfill import main
+    from vela2.wire.keys import backfill_queue
+
+    f = tmp_path / "url"
+    f.write_text(redis_url + "\n")
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    row = {"id": "a", "task": "choice:x", "text": "t", "questions": [{"options": ["a", "b"]}]}
+    inp.write_text(json.dumps(row) + "\n")
+    args = [str(inp), str(out), "--model", "m", "--redis", "redis://127.0.0.1:1/0", "--timeout-s", "1"]
+    assert main([*args, "--redis-url-file", str(f)]) == 0
+    assert json.loads(out.read_text())["error"]["type"] == "timeout"
+    client = redis_server.client()
+    try:
+        assert client.llen(backfill_queue("m")) == 1
+    finally:
+        client.close()
+    assert main([str(inp), str(tmp_path / "o2"), "--redis-url-file", str(tmp_path / "nope")]) == 2
+    assert "cannot read the Redis URL file" in capsys.readouterr().err
