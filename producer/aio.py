@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -30,16 +31,20 @@ import redis.asyncio as aioredis
 from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
+    claim_commands,
+    conflict_error,
     expired_answer,
     expired_row,
     pack_messages,
+    plan_submit,
     prepare_many,
     prepare_request,
     queue_commands,
+    read_claims,
     result_expired_error,
 )
 from vela2.schemas import RowResult
-from vela2.wire.keys import queue_name, result_key
+from vela2.wire.keys import queue_name, submitted_key
 from vela2.wire.messages import Message, deadline_to_expires
 from vela2.wire.results import (
     DEFAULT_SUBMITTED_TTL_S,
@@ -180,16 +185,30 @@ class AsyncClient:
 
     async def _push(self, messages: list[Message]) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        queue_commands(pipe, messages, self.submitted_ttl_s if self.track_submitted else None)
+        queue_commands(pipe, messages)
         await pipe.execute()
+
+    async def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int,
+                      expires: datetime | None) -> None:
+        """Claim, then push (see producer.Client.claim and IdConflict)."""
+        messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires)
+        pipe = self.redis.pipeline(transaction=False)
+        claim_commands(pipe, items, queue, self.submitted_ttl_s if self.track_submitted else None)
+        claims = read_claims(items, await pipe.execute())
+        if claims.conflicts:
+            if claims.marked:
+                await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])
+            raise conflict_error(claims.conflicts)
+        todo = plan_submit(items, claims, messages, queue, chunk_size, expires)
+        if todo:
+            await self._push(todo)
 
     async def submit(
         self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True
     ) -> str:
         """Validate and queue one request; returns its id (see producer.Client.submit)."""
         item = prepare_request(request, self.model, validate=validate)
-        (msg,) = pack_messages([item], self.queue_for(backfill=backfill), expires=deadline_to_expires(deadline_s))
-        await self._push([msg])
+        await self._submit([item], self.queue_for(backfill=backfill), 1, deadline_to_expires(deadline_s))
         return item[0]
 
     async def submit_many(
@@ -203,11 +222,9 @@ class AsyncClient:
     ) -> list[str]:
         """Validate all, queue all in one round trip; ids in input order (see Client.submit_many)."""
         items = prepare_many(requests, self.model, validate=validate)
-        messages = pack_messages(
-            items, self.queue_for(backfill=backfill), chunk_size=chunk_size, expires=deadline_to_expires(deadline_s)
-        )
-        if messages:
-            await self._push(messages)
+        expires = deadline_to_expires(deadline_s)
+        if items:
+            await self._submit(items, self.queue_for(backfill=backfill), chunk_size, expires)
         return [rid for rid, _ in items]
 
     async def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:
@@ -262,11 +279,6 @@ class AsyncClient:
         """As results_many, but the product answers (an expired id: the error RowResult dict)."""
         raws = await self.poller.wait(list(ids), timeout_s)
         return {rid: expired_answer(rid) if raw is EXPIRED else parse_answer(raw) for rid, raw in raws.items()}
-
-    async def peek_answer(self, request_id: str) -> dict[str, Any] | None:
-        """The stored answer of an id now, or None (one GET, no waiting; None also when it expired:
-        see `lookup`)."""
-        return parse_answer(await self.redis.get(result_key(request_id)))
 
     async def ping(self) -> bool:
         """True when Redis answers; raises redis.ConnectionError when it does not."""

@@ -58,6 +58,7 @@ from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
     Client,
+    conflict_error,
     pack_messages,
     prepare_request,
     result_expired_error,
@@ -97,7 +98,8 @@ class RedisUnavailable(redis.exceptions.ConnectionError):
 
 @dataclass
 class BackfillSummary:
-    """What one run did. `error` includes `invalid` (bad lines), `timeout` and `result_expired` rows."""
+    """What one run did. `error` includes `invalid` (bad lines), `timeout`, `result_expired` and
+    `id_conflict` rows."""
 
     rows: int = 0  # non-blank input lines read
     submitted: int = 0  # rows queued by this run
@@ -108,6 +110,7 @@ class BackfillSummary:
     invalid: int = 0  # lines answered at once with an error (bad JSON, invalid request)
     timeout: int = 0  # rows without a result after timeout_s (written as error type "timeout")
     result_expired: int = 0  # rows answered whose answer expired from Redis unread (error "result_expired")
+    id_conflict: int = 0  # rows whose id already names other content in Redis (error "id_conflict")
     rescored: int = 0  # rows whose answer from an earlier run had expired from Redis: queued again
     redis_outages: int = 0  # times Redis became unreachable during the run (each retried until back)
     skipped: int = 0  # ids already in OUT (earlier runs)
@@ -130,7 +133,8 @@ class BackfillSummary:
         dups = f" {self.duplicate_ids[:5]}" if self.duplicate_ids else ""
         return (
             f"backfill: {self.rows:,} rows: ok {self.ok:,}, error {self.error:,} (invalid {self.invalid:,}, "
-            f"timeout {self.timeout:,}, result_expired {self.result_expired:,}), expired {self.expired:,}, "
+            f"timeout {self.timeout:,}, result_expired {self.result_expired:,}, id_conflict {self.id_conflict:,}), "
+            f"expired {self.expired:,}, "
             f"skipped {self.skipped:,} (already in OUT), "
             f"duplicates {self.duplicates:,}{dups}; wrote {self.written:,} lines in {self.elapsed_s:.1f} s "
             f"({self.rows_per_s:,.1f} rows/s); max in flight {self.max_in_flight:,} (window {self.window:,})"
@@ -378,10 +382,16 @@ class _Backfill:
         # A row whose earlier answer has expired from Redis since is queued again: no answer of it
         # was ever written to OUT, and scoring it anew is what a rerun is for.
         stored = self._redis("reading stored results", self.client.lookup_many, [rid for rid, _, _ in batch])
+        # An id that already names other content (answered or pending) gets an id_conflict error line,
+        # never that other request's answer; the others are marked submitted here.
+        claims = self._redis("checking ids", self.client.claim, [(rid, obj) for rid, obj, _ in batch], self.queue)
         todo = []
         for rid, obj, pend in batch:
             state, answer = stored[rid]
-            if answer is not None:
+            if rid in claims.conflicts:
+                self.summary.id_conflict += 1
+                self._write(_error_line(obj, rid, conflict_error([rid])))
+            elif answer is not None:
                 self.summary.recovered += 1
                 self._write({**answer, "id": rid})
             else:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -41,14 +42,18 @@ import redis as redis_lib
 from pydantic import BaseModel
 
 from vela2.config import LIMITS
-from vela2.errors import LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
+from vela2.errors import IdConflict, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
 from vela2.schemas import RowResult, error_result, parse_row
 from vela2.wire.keys import queue_name, result_key, submitted_key
-from vela2.wire.messages import Message, build_message, deadline_to_expires, with_id
+from vela2.wire.messages import Message, build_message, deadline_to_expires, request_digest, with_id
 from vela2.wire.results import (
+    CLAIM_ANSWERED,
+    CLAIM_CONFLICT,
+    CLAIM_MARKED,
+    CLAIM_SCRIPT,
     DEFAULT_SUBMITTED_TTL_S,
-    MARK_SUBMITTED_SCRIPT,
     State,
+    claim_args,
     parse_answer,
     parse_meta,
     split_state,
@@ -161,14 +166,61 @@ def pack_messages(
     return out
 
 
-def queue_commands(pipe: Any, messages: list[Message], submitted_ttl_s: int | None) -> None:
-    """Add the LPUSH of every message to a (sync or asyncio) pipeline, each preceded by its requests'
-    submitted markers when `submitted_ttl_s` is set."""
+def queue_commands(pipe: Any, messages: list[Message]) -> None:
+    """Add the LPUSH of every message to a (sync or asyncio) pipeline."""
     for m in messages:
-        if submitted_ttl_s is not None:
-            for rid in m.request_ids:
-                pipe.eval(MARK_SUBMITTED_SCRIPT, 2, submitted_key(rid), result_key(rid), m.queue, submitted_ttl_s)
         pipe.lpush(m.queue, m.payload)
+
+
+@dataclass
+class Claims:
+    """What CLAIM_SCRIPT said of each prepared request before it is queued."""
+
+    conflicts: list[str] = field(default_factory=list)  # ids naming other content: never queued
+    answered: set[str] = field(default_factory=set)  # ids whose answer is stored: not queued again
+    marked: list[str] = field(default_factory=list)  # ids whose submitted marker this call wrote
+
+
+def claim_commands(pipe: Any, items: list[tuple[str, Any]], queue: str, submitted_ttl_s: int | None) -> None:
+    """Add one CLAIM_SCRIPT call per (id, request) to a (sync or asyncio) pipeline: the conflict
+    check, and the submitted marker when `submitted_ttl_s` is set."""
+    for rid, obj in items:
+        args = claim_args(request_digest(obj), queue if submitted_ttl_s is not None else None, submitted_ttl_s)
+        pipe.eval(CLAIM_SCRIPT, 2, submitted_key(rid), result_key(rid), *args)
+
+
+def read_claims(items: list[tuple[str, Any]], replies: list[Any]) -> Claims:
+    """The pipeline replies of claim_commands, sorted."""
+    claims = Claims()
+    for (rid, _), code in zip(items, replies, strict=True):
+        if code == CLAIM_CONFLICT:
+            claims.conflicts.append(rid)
+        elif code == CLAIM_ANSWERED:
+            claims.answered.add(rid)
+        elif code == CLAIM_MARKED:
+            claims.marked.append(rid)
+    return claims
+
+
+def conflict_error(ids: list[str]) -> IdConflict:
+    """The IdConflict naming the ids (at most 5 in the message) that already name other content."""
+    shown = ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    one = len(ids) == 1
+    return IdConflict(
+        f"request id{'' if one else 's'} {shown} already name{'s' if one else ''} a request with other content "
+        "(answered or pending): an id is an idempotency key, so send this request under a new id (the same "
+        "content under the same id gets the stored answer)",
+        ids,
+    )
+
+
+def plan_submit(items: list[tuple[str, Any]], claims: Claims, messages: list[Message], queue: str,
+                chunk_size: int, expires: datetime | None) -> list[Message]:
+    """The messages to push once the claims are in: all of them, less the requests already answered."""
+    if not claims.answered:
+        return messages
+    todo = [it for it in items if it[0] not in claims.answered]
+    return pack_messages(todo, queue, chunk_size=chunk_size, expires=expires)
 
 
 class Client:
@@ -201,10 +253,32 @@ class Client:
         return queue_name(self.model, backfill=backfill)
 
     def _push(self, messages: list[Message]) -> None:
-        """LPUSH every message (and the submitted markers) in one round trip."""
+        """LPUSH every message in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        queue_commands(pipe, messages, self.submitted_ttl_s if self.track_submitted else None)
+        queue_commands(pipe, messages)
         pipe.execute()
+
+    def claim(self, items: list[tuple[str, Any]], queue: str) -> Claims:
+        """Check prepared requests against what their ids already name, and mark them submitted (when
+        tracking), in one round trip; see Claims."""
+        pipe = self.redis.pipeline(transaction=False)
+        claim_commands(pipe, items, queue, self.submitted_ttl_s if self.track_submitted else None)
+        return read_claims(items, pipe.execute())
+
+    def release(self, ids: list[str]) -> None:
+        """Take back submitted markers a claim wrote for requests that are not queued after all."""
+        if ids:
+            self.redis.delete(*[submitted_key(rid) for rid in ids])
+
+    def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int, expires: datetime | None) -> None:
+        messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires)  # sizes: before any claim
+        claims = self.claim(items, queue)
+        if claims.conflicts:
+            self.release(claims.marked)
+            raise conflict_error(claims.conflicts)
+        todo = plan_submit(items, claims, messages, queue, chunk_size, expires)
+        if todo:
+            self._push(todo)
 
     def submit(
         self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True
@@ -215,8 +289,7 @@ class Client:
         `validate=False` sends the request as it is (only the message size is checked), so the
         worker answers a bad one with its error result (demos and tests of that path)."""
         item = prepare_request(request, self.model, validate=validate)
-        (msg,) = pack_messages([item], self.queue_for(backfill=backfill), expires=deadline_to_expires(deadline_s))
-        self._push([msg])
+        self._submit([item], self.queue_for(backfill=backfill), 1, deadline_to_expires(deadline_s))
         return item[0]
 
     def submit_many(
@@ -232,11 +305,9 @@ class Client:
         the ids in input order. `chunk_size` > 1 packs up to that many requests into each message
         (each still answered under its own id). `validate=False`: as in `submit`."""
         items = prepare_many(requests, self.model, validate=validate)
-        messages = pack_messages(
-            items, self.queue_for(backfill=backfill), chunk_size=chunk_size, expires=deadline_to_expires(deadline_s)
-        )
-        if messages:
-            self._push(messages)
+        expires = deadline_to_expires(deadline_s)
+        if items:
+            self._submit(items, self.queue_for(backfill=backfill), chunk_size, expires)
         return [rid for rid, _ in items]
 
     def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:

@@ -7,8 +7,9 @@ Routes (OpenAPI at /openapi.json, docs at /docs):
 
 - ``POST /v1/system_one?wait_s=&deadline_s=``: a SystemOne request (JSON body). It is validated
   here, queued on the model's online queue, and awaited up to ``wait_s`` (default the app's
-  ``timeout_s``, at most ``max_wait_s``; 0 = do not wait). The request id is an idempotency key: an
-  id that already has an answer gets it back without being queued again.
+  ``timeout_s``, at most ``max_wait_s``; 0 = do not wait). The request id is an idempotency key: the
+  same request under an id that already has an answer gets it back without being queued again; a
+  request with other content under an id that is answered or pending gets 409 (``id_conflict``).
 - ``GET /v1/results/{id}``: the stored answer (200, or the answer's own code below); 202 while a
   request submitted by a tracking producer (this route, ``Client`` / ``AsyncClient``) is pending;
   410 Gone when it was answered but the answer has since expired from the result store
@@ -30,6 +31,8 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
       marker is gone)
 410   GET of an id whose answer expired from the result store: the error answer with
       ``error.type`` ``result_expired`` and the id (POST: only when it expired within ``wait_s``)
+409   the request id already names a request with other content, answered or pending
+      (``id_conflict``): an id is an idempotency key; the same content gets the stored answer
 413   body over ``LIMITS.max_message_bytes`` (``limit_exceeded``): by its Content-Length, or as
       soon as a streamed body passes it (the rest is never read)
 422   invalid request (``invalid_request`` / ``limit_exceeded``, with the field, limit and value),
@@ -65,7 +68,15 @@ from producer.aio import AsyncClient
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, result_expired_error
 from vela2 import __version__
 from vela2.config import LIMITS
-from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
+from vela2.errors import (
+    ConfigError,
+    IdConflict,
+    InvalidRequest,
+    LimitExceeded,
+    ModelMismatch,
+    ResultExpired,
+    Vela2Error,
+)
 from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
 from vela2.schemas import ErrorInfo, Status
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, SystemOneRequest, error_answer, parse_request
@@ -159,6 +170,7 @@ def _unavailable(exc: BaseException) -> JSONResponse:
 _ANSWER_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": SystemOneAnswer, "description": "answered"},
     400: {"model": ErrorAnswer, "description": "body is not JSON, or the request names another model"},
+    409: {"model": ErrorAnswer, "description": "the id already names a request with other content (id_conflict)"},
     413: {"model": ErrorAnswer, "description": "body over the message size limit"},
     422: {"model": ErrorAnswer, "description": "invalid request (the message names the field, limit and value)"},
     500: {"model": SystemOneAnswer, "description": "the worker failed on this request"},
@@ -261,20 +273,21 @@ def create_app(
             return _error(400, e, obj)
         except Vela2Error as e:
             return _error(422, e, obj)
-        rid = parsed.id or ""
-        answer = await client().peek_answer(rid)
-        if answer is None:
-            try:
-                await client().submit(obj, deadline_s=deadline_s)
-            except Vela2Error as e:  # over the message size once wrapped
-                return _error(422, e, obj)
-            wait = timeout_s if wait_s is None else wait_s
-            try:
-                answer = await client().answer(rid, timeout_s=wait)
-            except TimeoutError:
-                return pending(request, rid)
-            except ResultExpired as e:  # answered and expired within the wait: result_expires is tiny
-                return gone(rid, e)
+        try:
+            # queued unless its id is answered already (then the answer below comes at once), and
+            # refused when the id names a request with other content (answered or pending)
+            rid = await client().submit(obj, deadline_s=deadline_s)
+        except IdConflict as e:
+            return _error(409, e, obj)
+        except Vela2Error as e:  # over the message size once wrapped
+            return _error(422, e, obj)
+        wait = timeout_s if wait_s is None else wait_s
+        try:
+            answer = await client().answer(rid, timeout_s=wait)
+        except TimeoutError:
+            return pending(request, rid)
+        except ResultExpired as e:  # answered and expired within the wait: result_expires is tiny
+            return gone(rid, e)
         return JSONResponse(answer, status_code=status_code(answer))
 
     @app.get(
@@ -282,7 +295,7 @@ def create_app(
         name="get_result",
         summary="The answer of a submitted request",
         responses={
-            **{k: v for k, v in _ANSWER_RESPONSES.items() if k not in (400, 413)},
+            **{k: v for k, v in _ANSWER_RESPONSES.items() if k not in (400, 409, 413)},
             202: {"model": Pending, "description": "submitted, not answered yet"},
             404: {"model": NotFound, "description": "unknown id (never submitted by a tracking producer)"},
             410: {

@@ -78,3 +78,17 @@ class PoisonRequest(ModelError):
     answered with this error and moved to the model's dead-letter list."""
 
     code = "poison"
+
+
+class IdConflict(Vela2Error, ValueError):
+    """A request id already names a request with other content (answered or pending): its answer is
+    not this request's. Send it under a new id (or the same content to get the stored answer)."""
+
+    code = "id_conflict"
+
+    def __init__(self, message: str, ids: list[str] | None = None):
+        super().__init__(message)
+        self.ids = ids or []
+
+    def __reduce__(self):  # picklable with its ids (it may cross a process pipe)
+        return (type(self), (str(self), self.ids))

@@ -48,6 +48,7 @@ from vela2.errors import ModelError, PoisonRequest, StorageError, Vela2Error
 from vela2.packing import pack
 from vela2.schemas import RowResult, Status, error_result, expired_result, guess_id_task
 from vela2.wire import keys, messages
+from vela2.wire.messages import request_digest
 from vela2.wire.results import ResultStore, chunk_meta, dead_letter_entry, row_meta
 from worker import retry as retry_errors
 from worker.attempts import Attempts, Verdict
@@ -112,6 +113,11 @@ class _Request:
     closed: bool = False  # a result exists (or is being decoded); nothing more to run
     key: int = 0  # its number in this engine (the key of its work in the CPU processes)
     decoding: bool = False  # its outputs went to a CPU process to be decoded
+
+    @property
+    def digest(self) -> str:
+        """Its content digest, stored with its answer (an id reused for other content conflicts)."""
+        return request_digest(self.obj)
 
 
 @dataclass(eq=False)
@@ -799,7 +805,7 @@ class Engine:
             log.exception("decoding %s failed", req.rid)
             res, answer = error_result(req.rid, _task_of(req), e), None
         req.prep, req.outputs = None, []  # free the rendered row and its outputs now
-        self._answer(req.msg, req.rid, res, answer)
+        self._answer(req.msg, req.rid, res, answer, req.digest)
 
     # --- answers, storing, acks ---------------------------------------------------------------
 
@@ -807,7 +813,7 @@ class Engine:
         req.closed = True
         self._forget_render(req)
         answer = systemone.error_answer(req.obj, exc) if systemone.is_system_one(req.obj) else None
-        self._answer(req.msg, req.rid, error_result(req.rid, _task_of(req), exc), answer)
+        self._answer(req.msg, req.rid, error_result(req.rid, _task_of(req), exc), answer, req.digest)
         if req.remaining:
             self._buckets.remove(lambda s: s.req is not req)
 
@@ -818,14 +824,15 @@ class Engine:
         when = req.expires.isoformat() if req.expires else "?"
         res = expired_result(req.rid, _task_of(req), f"deadline {when} passed before the request was scored")
         answer = _system_one_answer(req, res) if systemone.is_system_one(req.obj) else None
-        self._answer(req.msg, req.rid, res, answer)
+        self._answer(req.msg, req.rid, res, answer, req.digest)
         if req.remaining:
             self._buckets.remove(lambda s: s.req is not req)
 
     def _answer(self, msg: _Message, rid: str, res: RowResult | dict[str, Any],
-                answer: dict[str, Any] | None = None) -> None:
-        """Queue one result for storing: a RowResult, or the JSON form a decode process sends."""
-        meta = row_meta(rid, res, answer)
+                answer: dict[str, Any] | None = None, digest: str | None = None) -> None:
+        """Queue one result for storing: a RowResult, or the JSON form a decode process sends, with
+        the request's content digest (None for a queue item too broken to have one)."""
+        meta = row_meta(rid, res, answer, digest)
         row = meta["vela2"]
         status = row["status"]
         self._to_store.append((msg, rid, meta, status))

@@ -169,3 +169,20 @@ def test_an_expired_answer_raises_at_once_and_is_an_error_result_in_many(redis_u
         asyncio.run(main())
     finally:
         r.close()
+
+
+def test_an_id_reused_for_other_content_is_a_conflict(redis_url, redis_server):
+    from vela2.errors import IdConflict
+    from vela2.wire.keys import online_queue, submitted_key
+
+    async def main() -> None:
+        async with AsyncClient(redis_url, model=MODEL) as client:
+            await client.submit(row(1))  # pending
+            with pytest.raises(IdConflict, match=r"request id 'a-1' already names"):
+                await client.submit({**row(1), "text": "something else entirely"})
+            with pytest.raises(IdConflict):  # all or nothing: the fresh id's marker is taken back
+                await client.submit_many([row(2), {**row(1), "text": "other"}])
+            assert await client.redis.get(submitted_key("a-2")) is None
+            assert await client.redis.llen(online_queue(MODEL)) == 1
+
+    asyncio.run(main())

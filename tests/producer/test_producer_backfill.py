@@ -366,3 +366,31 @@ def test_a_deadline_out_of_bounds_exits_2_before_anything_is_queued(tmp_path, ca
     assert main([str(inp), str(out), "--redis", "redis://127.0.0.1:1/0", "--deadline-s", "1e12"]) == 2
     assert "deadline_s is 1000000000000.0; it must be > 0 and at most 2,592,000 s" in capsys.readouterr().err
     assert not out.exists() or out.read_text() == ""
+
+
+def test_a_row_whose_id_names_other_content_gets_an_id_conflict_line(tmp_path, redis_server, redis_url):
+    """Never the other request's answer: an error line of type id_conflict; the same content under
+    a stored id is recovered as before."""
+    from vela2.schemas import RowResult, Status
+    from vela2.wire.messages import request_digest
+    from vela2.wire.results import ResultStore, row_meta
+
+    base = {"task": "choice:x", "text": "first", "questions": [{"options": ["a", "b"]}]}
+    client = redis_server.client()
+    try:
+        store = ResultStore(client)
+        for rid in ("a", "b"):
+            obj = {**base, "id": rid}
+            res = RowResult(id=rid, task="choice:x", status=Status.ok, answers=[])
+            store.store([(rid, row_meta(rid, res, digest=request_digest(obj)))])
+        inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        lines_in = [{**base, "id": "a", "text": "second"}, {**base, "id": "b"}]
+        inp.write_text("".join(json.dumps(r) + "\n" for r in lines_in))
+        summary = run_backfill(inp, out, redis_url=redis_url, model="m", window=10, chunk_size=2, timeout_s=5)
+        lines = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+        assert lines["a"]["status"] == "error" and lines["a"]["error"]["type"] == "id_conflict"
+        assert lines["b"]["status"] == "ok"
+        assert (summary.id_conflict, summary.recovered, summary.error, summary.submitted) == (1, 1, 1, 0)
+        assert client.llen(backfill_queue("m")) == 0
+    finally:
+        client.close()

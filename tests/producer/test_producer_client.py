@@ -160,7 +160,10 @@ def test_tracked_submissions_leave_a_short_lived_marker(redis):
     ids = client.submit_many([{**ROW, "id": "a"}, {**ROW, "id": "b"}], chunk_size=2)
     assert ids == ["a", "b"]
     assert client.is_submitted("a") and client.is_submitted("b") and not client.is_submitted("c")
-    assert redis.get(submitted_key("a")) == ONLINE.encode()  # the marker holds the queue
+    from vela2.wire.messages import request_digest
+
+    # the marker holds the queue and the request's content digest (an id reused for other content conflicts)
+    assert redis.get(submitted_key("a")) == f"{ONLINE} {request_digest({**ROW, 'id': 'a'})}".encode()
     assert 0 < redis.ttl(submitted_key("a")) <= 60
     assert Client(model="vela2-demo", redis=redis, track_submitted=False).submit({**ROW, "id": "c"}) == "c"
     assert not client.is_submitted("c") and client.status("c") == "unknown"  # untracked: no marker
@@ -169,7 +172,7 @@ def test_tracked_submissions_leave_a_short_lived_marker(redis):
     assert redis.get(submitted_key("a")) == ANSWERED.encode() and client.status("b") == "pending"
 
 
-def test_the_marker_travels_in_the_same_round_trip_as_the_push(redis):
+def test_submit_many_claims_every_id_in_one_round_trip_then_pushes_in_one(redis):
     round_trips: list[list[str]] = []  # the commands of each executed pipeline
     real = redis.pipeline
 
@@ -188,10 +191,10 @@ def test_the_marker_travels_in_the_same_round_trip_as_the_push(redis):
     client = Client(model="vela2-demo", redis=redis)
     _reset_counts()
     client.submit_many([{**ROW, "id": f"p-{i}"} for i in range(4)], chunk_size=2, backfill=True)
-    assert len(round_trips) == 1 and CountingRedis.commands == []  # one round trip, nothing beside it
-    (sent,) = round_trips
-    assert sent == ["EVAL", "EVAL", "LPUSH", "EVAL", "EVAL", "LPUSH"]  # each message's markers, then the message
-    assert {redis.get(submitted_key(f"p-{i}")) for i in range(4)} == {BACKFILL.encode()}
+    assert CountingRedis.commands == []  # nothing beside the two pipelines
+    # the claims (conflict check + submitted marker of every id), then the messages
+    assert round_trips == [["EVAL"] * 4, ["LPUSH", "LPUSH"]]
+    assert {redis.get(submitted_key(f"p-{i}")).split()[0] for i in range(4)} == {BACKFILL.encode()}
 
 
 def _ok(rid: str) -> dict:
@@ -267,3 +270,46 @@ def test_resubmitting_an_answered_id_keeps_it_answered_then_expired(client, redi
     assert client.status("again") == "expired"  # never "pending" about a request whose answer came and went
     client.submit({**ROW, "id": "again"})  # submitted anew after expiry: pending again
     assert client.status("again") == "pending"
+
+
+def _answered(redis, rid: str, obj: dict) -> None:
+    """Store an answer for `obj` under `rid` as a worker does (its meta carries the digest)."""
+    from vela2.wire.messages import request_digest
+
+    row = RowResult(id=rid, task=obj["task"], status=Status.ok, answers=[])
+    ResultStore(redis).store([(rid, row_meta(rid, row, digest=request_digest({**obj, "id": rid})))])
+
+
+def test_an_id_reused_for_other_content_is_a_conflict_never_the_old_answer(client, redis):
+    from vela2.errors import IdConflict
+
+    other = {**ROW, "text": "The sky is blue."}
+    client.submit({**ROW, "id": "x"})  # pending
+    with pytest.raises(IdConflict, match=r"request id 'x' already names a request with other content") as e:
+        client.submit({**other, "id": "x"})
+    assert e.value.ids == ["x"] and redis.llen(ONLINE) == 1
+    client.submit({**ROW, "id": "x"})  # the same content again: fine (a retry)
+    assert redis.llen(ONLINE) == 2
+
+    _answered(redis, "y", ROW)
+    assert client.submit({**ROW, "id": "y"}) == "y" and redis.llen(ONLINE) == 2  # answered: not queued again
+    with pytest.raises(IdConflict):
+        client.submit({**other, "id": "y"})
+    with pytest.raises(IdConflict, match=r"request id 'y' already names"):  # all or nothing
+        client.submit_many([{**ROW, "id": "fresh"}, {**other, "id": "y"}])
+    assert redis.llen(ONLINE) == 2 and client.status("fresh") == "unknown"  # its marker taken back
+
+    # an answer stored without a digest (an older worker) is returned as before, never a conflict
+    ResultStore(redis).store([("old", row_meta("old", RowResult(id="old", task="choice:boolq", status=Status.ok,
+                                                                answers=[])))])
+    assert client.submit({**other, "id": "old"}) == "old" and redis.llen(ONLINE) == 2
+
+
+def test_a_client_that_does_not_track_still_refuses_a_conflict(redis):
+    from vela2.errors import IdConflict
+
+    client = Client(model="vela2-demo", redis=redis, track_submitted=False)
+    _answered(redis, "z", ROW)
+    with pytest.raises(IdConflict):
+        client.submit({**ROW, "text": "other", "id": "z"})
+    assert redis.get(submitted_key("z")) is None and redis.llen(ONLINE) == 0

@@ -65,6 +65,16 @@ def test_round_trip_with_a_real_worker(redis_url, real_worker, http_server):
             time.sleep(0.01)
         assert got.status_code == 200 and got.json()["id"] == "http-2" and got.json()["status"] == "ok"
 
+        # An id is an idempotency key: other content under an answered id is 409, never its answer
+        changed = {**REQUEST, "input": {**REQUEST["input"], "user": "Please cancel my order."}}
+        r = http.post("/v1/system_one", json=changed)
+        assert r.status_code == 409 and r.json()["error"]["type"] == "id_conflict", r.text
+        assert r.json()["id"] == "http-1"
+        assert "already names a request with other content" in r.json()["error"]["message"]
+        assert http.get("/v1/results/http-1").json() == answer  # unchanged
+        fresh = http.post("/v1/system_one", json={**changed, "id": "http-3"}, params={"wait_s": 30})
+        assert fresh.status_code == 200 and fresh.json()["tasks"] != answer["tasks"]
+
         health = http.get("/healthz")
         assert health.status_code == 200
         assert health.json() == {

@@ -544,3 +544,18 @@ def test_a_turn_takes_at_most_turn_events_and_leaves_the_rest_queued(redis):
     assert len(cpu.rendered) == TURN_EVENTS and engine._events.qsize() == 100
     engine._turn(0.0)
     assert len(cpu.rendered) == n and engine._events.qsize() == 0
+
+
+def test_every_stored_answer_carries_its_requests_content_digest(redis):
+    """What a producer checks an id against before queueing other content under it."""
+    from vela2.wire.messages import request_digest
+
+    engine, _, broker = make_engine(redis)
+    good, bad = row("dg-1"), {"id": "dg-2", "task": "choice:boolq", "text": "x"}  # bad: no questions
+    engine.submit(broker.delivery([good, bad], chunk=True))
+    broker.wait(1)
+    engine.stop(5)
+    for obj in (good, bad):
+        meta = json.loads(redis.get(result_key(obj["id"])))
+        assert meta["vela2_digest"] == request_digest(obj)
+    assert request_digest(good) == request_digest({**good, "id": "another"}) != request_digest(bad)

@@ -152,6 +152,13 @@ def _json_bytes(obj: Any) -> bytes:
         return json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
+def request_digest(obj: Any) -> str:
+    """The content digest of a request: what it asks, without its id (a hash of its canonical JSON).
+    The worker stores it with the answer and producers mark pending ids with it, so an id reused
+    for other content is a conflict (vela2.errors.IdConflict), never the other request's answer."""
+    return content_id({k: v for k, v in obj.items() if k != "id"} if isinstance(obj, dict) else obj)
+
+
 def deadline_to_expires(deadline_s: float | None) -> datetime | None:
     """A relative deadline in seconds -> the absolute `expires` time (None: no deadline). Raises
     LimitExceeded unless 0 < deadline_s <= LIMITS.max_deadline_s."""

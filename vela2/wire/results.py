@@ -121,12 +121,15 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def row_meta(task_id: str, result: RowResult | dict[str, Any], answer: dict[str, Any] | None = None) -> dict[str, Any]:
+def row_meta(task_id: str, result: RowResult | dict[str, Any], answer: dict[str, Any] | None = None,
+             digest: str | None = None) -> dict[str, Any]:
     """The stored meta of one request's result (a RowResult, or its `to_json_dict()` form, which a
     decode process sends: no pydantic object crosses the process boundary).
 
     `answer`: the SystemOne answer dict of a SystemOne request (stored beside the RowResult and used
-    as Celery's `result` when the request succeeded).
+    as Celery's `result` when the request succeeded). `digest`: the request's content digest
+    (vela2.wire.messages.request_digest), so a later request under the same id with other content
+    is refused as a conflict instead of getting this answer.
     """
     row = result if isinstance(result, dict) else result.to_json_dict()
     meta: dict[str, Any] = {
@@ -140,6 +143,8 @@ def row_meta(task_id: str, result: RowResult | dict[str, Any], answer: dict[str,
     }
     if answer is not None:
         meta["vela2_answer"] = answer
+    if digest is not None:
+        meta["vela2_digest"] = digest
     if row.get("status") == Status.error.value:
         err = row.get("error")
         code, message = (err["type"], err["message"]) if err else ("internal_error", "unknown error")
@@ -294,15 +299,44 @@ def read_answers(redis: Any, ids: Iterable[str]) -> dict[str, dict[str, Any] | N
     return {rid: parse_answer(raw) for rid, raw in zip(ids, _mget(redis, ids), strict=True)}
 
 
-# A producer marks a request submitted (KEYS[1] = its marker, KEYS[2] = its result; ARGV = queue,
-# TTL) unless its answer is already stored: a resubmitted, answered id keeps its "answered" marker,
-# so it still reads as expired once that answer expires, never as pending forever.
-MARK_SUBMITTED_SCRIPT = """
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+# Before a producer queues a request (KEYS[1] = its marker, KEYS[2] = its result; ARGV = its content
+# digest, then "<queue> <digest>" and the marker TTL, or nothing for a producer that does not track):
+# CLAIM_CONFLICT when the id already names other content (a stored answer whose meta carries another
+# digest, or a pending marker naming another digest); CLAIM_ANSWERED when its answer is stored (same
+# content, or stored without a digest): nothing to queue; CLAIM_MARKED when the marker was written
+# now (a caller that gives up takes it back with DEL); else 0 (pending already, or not tracking).
+# An answered id keeps its "answered" marker, so it reads as expired once the answer expires, never
+# as pending forever; an expired one (the tombstone alone) is marked pending again, to be rescored.
+CLAIM_CONFLICT, CLAIM_MARKED, CLAIM_ANSWERED = 1, 2, 3
+CLAIM_SCRIPT = """
+local raw = redis.call('GET', KEYS[2])
+if raw then
+  local ok, meta = pcall(cjson.decode, raw)
+  if ok and type(meta) == 'table' and type(meta['vela2_digest']) == 'string'
+      and meta['vela2_digest'] ~= ARGV[1] then
+    return 1
+  end
+  return 3
+end
+local marker = redis.call('GET', KEYS[1])
+if marker and marker ~= ARGV[4] then
+  local digest = string.match(marker, ' (%S+)$')
+  if digest and digest ~= ARGV[1] then
+    return 1
+  end
+  return 0
+end
+if ARGV[2] then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+  return 2
 end
 return 0
 """
+
+
+def claim_args(digest: str, queue: str | None, ttl_s: int | None) -> list[Any]:
+    """CLAIM_SCRIPT's ARGV: the digest, and the marker to write (queue and TTL) when tracking."""
+    return [digest] if queue is None or ttl_s is None else [digest, f"{queue} {digest}", ttl_s, ANSWERED]
 
 
 def marker_says_answered(raw: bytes | str | None) -> bool:
