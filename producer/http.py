@@ -1,7 +1,13 @@
 """`vela2 http`: the HTTP route for SystemOne requests (an ASGI app; FastAPI, served by uvicorn).
 
-    app = create_app("redis://127.0.0.1:6379/0", model="vela2-demo")    # any ASGI server
-    serve("redis://127.0.0.1:6379/0", host="127.0.0.1", port=8000)      # uvicorn
+    keys = KeyRing.load("keys.jsonl")                                          # producer.auth
+    app = create_app("redis://127.0.0.1:6379/0", model="vela2-demo", keys=keys)  # any ASGI server
+    serve("redis://127.0.0.1:6379/0", host="127.0.0.1", port=8000, keys=keys)    # uvicorn
+
+Authentication: every route but ``/healthz`` and the OpenAPI document needs an API key
+(``Authorization: Bearer <key>``; keys and their tenants in producer.auth): 401 without a known
+key, 403 for a key not allowed this model. ``--no-auth`` serves without, on loopback only, and
+says so at start; with neither keys nor ``--no-auth`` the route refuses to start (exit 2).
 
 Routes (OpenAPI at /openapi.json, docs at /docs):
 
@@ -27,6 +33,8 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
 202   not answered within ``wait_s``: ``{"id", "status": "pending", "result_url"}`` (+ Location)
 400   body is not JSON (``invalid_request``), or the request names another model
       (``model_mismatch``: this route serves one model, named at start)
+401   no API key, or an unknown one (``unauthorized``; with ``WWW-Authenticate: Bearer``)
+403   the API key may not use this route's model (``forbidden``)
 404   GET of an unknown id (never submitted by a tracking producer, or so long ago that even its
       marker is gone)
 410   GET of an id whose answer expired from the result store: the error answer with
@@ -58,13 +66,14 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import redis.exceptions
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from producer.aio import AsyncClient
+from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing, Refusal
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, result_expired_error
 from vela2 import __version__
 from vela2.config import LIMITS
@@ -89,6 +98,7 @@ DEFAULT_MAX_WAIT_S = 60.0  # the largest wait_s a caller may ask for
 DEFAULT_PORT = 8000
 ENV_REDIS_URL = "VELA2_REDIS_URL"  # same variables as the worker's (worker.app.ENV)
 ENV_MODEL = "VELA2_MODEL"
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 REQUEST_ERROR_TYPES = {InvalidRequest.code, LimitExceeded.code}  # the caller's fault -> 422
 
 
@@ -170,6 +180,8 @@ def _unavailable(exc: BaseException) -> JSONResponse:
 _ANSWER_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": SystemOneAnswer, "description": "answered"},
     400: {"model": ErrorAnswer, "description": "body is not JSON, or the request names another model"},
+    401: {"model": ErrorAnswer, "description": "no API key, or an unknown one (error.type unauthorized)"},
+    403: {"model": ErrorAnswer, "description": "the API key may not use this model (error.type forbidden)"},
     409: {"model": ErrorAnswer, "description": "the id already names a request with other content (id_conflict)"},
     413: {"model": ErrorAnswer, "description": "body over the message size limit"},
     422: {"model": ErrorAnswer, "description": "invalid request (the message names the field, limit and value)"},
@@ -185,8 +197,11 @@ def create_app(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
+    keys: KeyRing | None,
 ) -> FastAPI:
-    """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring)."""
+    """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring).
+    `keys`: the API keys callers must present (producer.auth); None serves without authentication
+    (say so explicitly: `serve` allows it on loopback only)."""
     state: dict[str, AsyncClient] = {}
 
     @asynccontextmanager
@@ -207,6 +222,27 @@ def create_app(
 
     def client() -> AsyncClient:
         return state["client"]
+
+    class _Refused(Exception):
+        def __init__(self, refusal: Refusal):
+            self.refusal = refusal
+
+    @app.exception_handler(_Refused)
+    async def _refused(_: Request, exc: _Refused) -> JSONResponse:
+        r = exc.refusal
+        info = ErrorInfo(type=r.type, message=r.message)
+        headers = {"WWW-Authenticate": "Bearer"} if r.status == 401 else None
+        return JSONResponse(ErrorAnswer(model=model, error=info).model_dump(mode="json"), status_code=r.status,
+                            headers=headers)
+
+    def caller(request: Request) -> str | None:
+        """The tenant of the request's API key (None without authentication); raises _Refused."""
+        if keys is None:
+            return None
+        found = keys.check(request.headers.get("authorization"), model)
+        if isinstance(found, Refusal):
+            raise _Refused(found)
+        return found.tenant
 
     def pending(request: Request, rid: str) -> JSONResponse:
         url = str(request.url_for("get_result", request_id=rid))
@@ -250,6 +286,7 @@ def create_app(
     )
     async def post_system_one(
         request: Request,
+        tenant: str | None = Depends(caller),
         wait_s: float | None = Query(
             None, ge=0, le=max_wait_s, description=f"seconds to wait for the answer (default {timeout_s:g})"
         ),
@@ -305,7 +342,7 @@ def create_app(
             },
         },
     )
-    async def get_result(request: Request, request_id: str) -> JSONResponse:
+    async def get_result(request: Request, request_id: str, tenant: str | None = Depends(caller)) -> JSONResponse:
         state, answer = await client().lookup(request_id)  # one MGET: result and marker together
         if answer is not None:
             return JSONResponse(answer, status_code=status_code(answer))
@@ -363,11 +400,20 @@ def serve(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     log_level: str = "info",
+    keys: KeyRing | None,
 ) -> None:
-    """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish)."""
+    """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
+    `keys` None (no authentication) is refused unless `host` is a loopback address."""
     import uvicorn
 
-    app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s)
+    if keys is None:
+        if host not in LOOPBACK_HOSTS:
+            raise ConfigError(f"--no-auth serves only on loopback ({', '.join(LOOPBACK_HOSTS)}); got --host {host}")
+        log.warning("authentication is OFF (--no-auth): every caller on this host may ask and read every answer")
+    elif not len(keys):
+        raise ConfigError(f"no API keys: give --api-keys-file F (or ${ENV_API_KEYS_FILE} / ${ENV_API_KEYS}), "
+                          "or --no-auth on loopback")
+    app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
@@ -384,6 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="default wait for an answer")
     ap.add_argument("--max-wait-s", type=float, default=DEFAULT_MAX_WAIT_S, help="largest wait_s accepted")
     ap.add_argument("--log-level", default="info")
+    ap.add_argument("--api-keys-file", default=None,
+                    help=f"the API keys callers present (producer.auth; default ${ENV_API_KEYS_FILE}, "
+                    f"plus ${ENV_API_KEYS})")
+    ap.add_argument("--no-auth", action="store_true",
+                    help="serve without authentication (loopback only; it says so at start)")
     return ap
 
 
@@ -392,18 +443,22 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         redis_url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv, log)
+        if args.no_auth and (args.api_keys_file or os.environ.get(ENV_API_KEYS_FILE) or os.environ.get(ENV_API_KEYS)):
+            raise ConfigError("--no-auth and API keys both given: choose one")
+        keys = None if args.no_auth else KeyRing.load(args.api_keys_file)
+        serve(
+            redis_url,
+            args.host,
+            args.port,
+            args.model,
+            timeout_s=args.timeout_s,
+            max_wait_s=args.max_wait_s,
+            log_level=args.log_level,
+            keys=keys,
+        )
     except ConfigError as e:
         print(f"vela2 http: {e}", file=sys.stderr)
         return 2
-    serve(
-        redis_url,
-        args.host,
-        args.port,
-        args.model,
-        timeout_s=args.timeout_s,
-        max_wait_s=args.max_wait_s,
-        log_level=args.log_level,
-    )
     return 0
 
 

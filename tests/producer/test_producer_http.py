@@ -254,3 +254,51 @@ def test_openapi_describes_every_route_and_the_systemone_schemas(redis_url, http
     walk(spec)
     assert refs and all(r.startswith("#/components/schemas/") and r.split("/")[-1] in schemas for r in refs)
     assert json.dumps(spec)  # plain JSON
+
+
+def test_api_keys_let_in_their_tenants_only_for_their_models(redis_url, redis_server, http_server, tmp_path):
+    """A real uvicorn process with a keys file: no key or an unknown one 401 (WWW-Authenticate),
+    a key for other models 403, a good one in; /healthz and the OpenAPI document stay open."""
+    from producer.auth import new_key
+
+    key_a, a = new_key("acme")
+    key_b, b = new_key("beta", ["vela2-9b"])
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text(a.line() + "\n" + b.line() + "\n")
+    base = http_server(redis_url, "--api-keys-file", str(keys))
+    with httpx.Client(base_url=base, timeout=30) as http:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {key_a}"}):
+            r = http.post("/v1/system_one", json=REQUEST, params={"wait_s": 0}, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized", r.text
+            assert r.headers["www-authenticate"] == "Bearer"
+            assert http.get("/v1/results/http-1", headers=headers).status_code == 401
+        beta = {"Authorization": f"Bearer {key_b}"}
+        r = http.post("/v1/system_one", json=REQUEST, params={"wait_s": 0}, headers=beta)
+        assert r.status_code == 403 and r.json()["error"]["type"] == "forbidden"
+        assert "may not use model 'vela2-demo'" in r.json()["error"]["message"]
+        client = redis_server.client()
+        try:
+            assert client.llen(online_queue(MODEL)) == 0  # nothing refused was queued
+            good = {"Authorization": f"Bearer {key_a}"}
+            r = http.post("/v1/system_one", json=REQUEST, params={"wait_s": 0}, headers=good)
+            assert r.status_code == 202 and client.llen(online_queue(MODEL)) == 1
+        finally:
+            client.close()
+        assert http.get("/v1/results/http-1", headers=good).status_code == 202
+        assert http.get("/healthz").status_code == 200 and http.get("/openapi.json").status_code == 200
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    ([], "no API keys: give --api-keys-file F"),
+    (["--no-auth", "--host", "0.0.0.0"], "--no-auth serves only on loopback"),
+])
+def test_the_route_refuses_to_start_open_by_accident(redis_url, args, why):
+    import subprocess
+    import sys
+
+    from stack.harness import child_env
+
+    cmd = [sys.executable, "-m", "producer.http", "--redis", redis_url, "--port", "1", "--model", MODEL, *args]
+    done = subprocess.run(cmd, env={k: v for k, v in child_env().items() if not k.startswith("VELA2_API_KEYS")},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and why in done.stderr, done.stderr
