@@ -41,12 +41,15 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
       ``error.type`` ``result_expired`` and the id (POST: only when it expired within ``wait_s``)
 409   the request id already names a request with other content, answered or pending
       (``id_conflict``): an id is an idempotency key; the same content gets the stored answer
+408   the body did not arrive within ``--body-timeout-s`` (``invalid_request``)
 413   body over ``LIMITS.max_message_bytes`` (``limit_exceeded``): by its Content-Length, or as
       soon as a streamed body passes it (the rest is never read)
 422   invalid request (``invalid_request`` / ``limit_exceeded``, with the field, limit and value),
       refused here or by the worker; query parameters out of bounds (``deadline_s`` at most
       ``LIMITS.max_deadline_s``)
 500   the worker failed on it (e.g. ``model_error``): the error answer
+429   every Redis connection of the route stayed busy for ``--redis-wait-s`` (``busy``; with
+      ``Retry-After``): load, not an outage
 503   Redis unreachable
 504   ``status: expired``: its ``deadline_s`` passed before a worker scored it
 ====  ==========================================================================================
@@ -57,6 +60,7 @@ No torch: a web backend runs this with the base install plus the ``producer`` ex
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -65,6 +69,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
+import redis.asyncio as aioredis
 import redis.exceptions
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -99,6 +104,10 @@ DEFAULT_PORT = 8000
 ENV_REDIS_URL = "VELA2_REDIS_URL"  # same variables as the worker's (worker.app.ENV)
 ENV_MODEL = "VELA2_MODEL"
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+DEFAULT_REDIS_CONNECTIONS = 64  # Redis connections of one route process (requests share them)
+DEFAULT_REDIS_WAIT_S = 5.0  # longest a request waits for a free one, then 429
+DEFAULT_BODY_TIMEOUT_S = 30.0  # longest a request body may take to arrive, then 408
+RETRY_AFTER_S = 1
 REQUEST_ERROR_TYPES = {InvalidRequest.code, LimitExceeded.code}  # the caller's fault -> 422
 
 
@@ -161,6 +170,24 @@ async def read_body(request: Request, limit: int) -> bytes | LimitExceeded:
     return b"".join(chunks)
 
 
+class Busy(redis.exceptions.RedisError):
+    """No Redis connection came free within the wait: the route is at its concurrency (HTTP 429)."""
+
+
+class BoundedPool(aioredis.BlockingConnectionPool):
+    """At most max_connections connections; a caller waits `timeout` for one, then gets Busy (a
+    full pool is load, not Redis being away: redis-py says ConnectionError for both)."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)
+        except redis.exceptions.ConnectionError as e:
+            if isinstance(e.__cause__, asyncio.TimeoutError | TimeoutError):
+                raise Busy(f"every one of the {self.max_connections} Redis connections stayed busy for "
+                           f"{self.timeout:g} s; retry after {RETRY_AFTER_S} s") from e
+            raise
+
+
 def _error(http_status: int, exc: BaseException, obj: Any = None) -> JSONResponse:
     body = (
         error_answer(obj, exc)
@@ -198,20 +225,27 @@ def create_app(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     keys: KeyRing | None,
+    redis_connections: int = DEFAULT_REDIS_CONNECTIONS,
+    redis_wait_s: float = DEFAULT_REDIS_WAIT_S,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring).
     `keys`: the API keys callers must present (producer.auth); None serves without authentication
-    (say so explicitly: `serve` allows it on loopback only)."""
+    (say so explicitly: `serve` allows it on loopback only). At most `redis_connections` Redis
+    connections; a request waits up to `redis_wait_s` for one, then gets 429 with Retry-After. A
+    body not received within `body_timeout_s` gets 408."""
     state: dict[str, AsyncClient] = {}
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Created inside the server's event loop: redis.asyncio connections belong to one loop.
-        state["client"] = AsyncClient(redis_url, model=model, track_submitted=True)
+        pool = BoundedPool.from_url(redis_url, max_connections=redis_connections, timeout=redis_wait_s)
+        state["client"] = AsyncClient(model=model, track_submitted=True, redis=aioredis.Redis(connection_pool=pool))
         try:
             yield
         finally:
             await state.pop("client").aclose()
+            await pool.disconnect()
 
     app = FastAPI(
         title="Vela 2 SystemOne",
@@ -254,6 +288,12 @@ def create_app(
         info = ErrorInfo(type=exc.code, message=str(exc))
         return JSONResponse(ErrorAnswer(model=model, id=rid, error=info).model_dump(mode="json"), status_code=410)
 
+    @app.exception_handler(Busy)
+    async def _busy(_: Request, exc: Busy) -> JSONResponse:
+        info = ErrorInfo(type="busy", message=str(exc))
+        return JSONResponse(ErrorAnswer(model=model, error=info).model_dump(mode="json"), status_code=429,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
+
     @app.exception_handler(redis.exceptions.RedisError)
     async def _redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONResponse:
         log.warning("redis error: %s", exc)
@@ -295,7 +335,12 @@ def create_app(
             description="after this many seconds unscored, the worker answers expired (504)",
         ),
     ) -> JSONResponse:
-        body = await read_body(request, LIMITS.max_message_bytes)
+        try:
+            async with asyncio.timeout(body_timeout_s):
+                body = await read_body(request, LIMITS.max_message_bytes)
+        except TimeoutError:
+            msg = f"the request body did not arrive within {body_timeout_s:g} s"
+            return _error(408, InvalidRequest(msg))
         if isinstance(body, LimitExceeded):
             return _error(413, body)
         try:
@@ -401,6 +446,9 @@ def serve(
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     log_level: str = "info",
     keys: KeyRing | None,
+    redis_connections: int = DEFAULT_REDIS_CONNECTIONS,
+    redis_wait_s: float = DEFAULT_REDIS_WAIT_S,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
     `keys` None (no authentication) is refused unless `host` is a loopback address."""
@@ -413,8 +461,19 @@ def serve(
     elif not len(keys):
         raise ConfigError(f"no API keys: give --api-keys-file F (or ${ENV_API_KEYS_FILE} / ${ENV_API_KEYS}), "
                           "or --no-auth on loopback")
-    app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys)
+    app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
+                     redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _positive(kind: type) -> Any:
+    def parse(raw: str) -> Any:
+        value = kind(raw)
+        if not value > 0:  # NaN too
+            raise argparse.ArgumentTypeError(f"must be > 0; got {raw}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -433,6 +492,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--api-keys-file", default=None,
                     help=f"the API keys callers present (producer.auth; default ${ENV_API_KEYS_FILE}, "
                     f"plus ${ENV_API_KEYS})")
+    ap.add_argument("--redis-connections", type=_positive(int), default=DEFAULT_REDIS_CONNECTIONS,
+                    help="Redis connections of this process (requests wait for a free one)")
+    ap.add_argument("--redis-wait-s", type=_positive(float), default=DEFAULT_REDIS_WAIT_S,
+                    help="longest a request waits for a Redis connection, then 429 + Retry-After")
+    ap.add_argument("--body-timeout-s", type=_positive(float), default=DEFAULT_BODY_TIMEOUT_S,
+                    help="longest a request body may take to arrive, then 408")
     ap.add_argument("--no-auth", action="store_true",
                     help="serve without authentication (loopback only; it says so at start)")
     return ap
@@ -455,6 +520,9 @@ def main(argv: list[str] | None = None) -> int:
             max_wait_s=args.max_wait_s,
             log_level=args.log_level,
             keys=keys,
+            redis_connections=args.redis_connections,
+            redis_wait_s=args.redis_wait_s,
+            body_timeout_s=args.body_timeout_s,
         )
     except ConfigError as e:
         print(f"vela2 http: {e}", file=sys.stderr)

@@ -302,3 +302,61 @@ def test_the_route_refuses_to_start_open_by_accident(redis_url, args, why):
     done = subprocess.run(cmd, env={k: v for k, v in child_env().items() if not k.startswith("VELA2_API_KEYS")},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and why in done.stderr, done.stderr
+
+
+def _concurrent_posts(base: str, n: int) -> list[httpx.Response]:
+    import asyncio
+
+    async def main() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
+            return await asyncio.gather(*(
+                http.post("/v1/system_one", json={**REQUEST, "id": f"c-{i}"}, params={"wait_s": 60})
+                for i in range(n)))
+
+    return asyncio.run(main())
+
+
+def test_500_concurrent_requests_are_all_answered_while_redis_is_up(redis_url, http_server, fake_worker):
+    """One route process, 500 requests at once: every one answered (the Redis connections are a
+    bounded pool that requests wait for), none told Redis is unreachable."""
+    fake_worker()
+    base = http_server(redis_url)
+    responses = _concurrent_posts(base, 500)
+    codes = sorted({r.status_code for r in responses})
+    assert codes == [200], (codes, [r.text for r in responses if r.status_code != 200][:3])
+    assert sorted(r.json()["id"] for r in responses) == sorted(f"c-{i}" for i in range(500))
+
+
+def test_a_full_pool_is_429_with_retry_after_never_503(redis_url, http_server, fake_worker):
+    """With one Redis connection and almost no wait, a burst is throttled, clearly, and what got in
+    is answered."""
+    fake_worker()
+    base = http_server(redis_url, "--redis-connections", "1", "--redis-wait-s", "0.001")
+    responses = _concurrent_posts(base, 200)
+    codes = {r.status_code for r in responses}
+    assert codes <= {200, 429} and 429 in codes, codes
+    busy = next(r for r in responses if r.status_code == 429)
+    assert busy.headers["retry-after"] == "1" and busy.json()["error"]["type"] == "busy"
+    assert "Redis connections stayed busy" in busy.json()["error"]["message"]
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408(redis_url, http_server):
+    """A slow client (headers, then 10 of 100 announced bytes) is answered 408 after the body
+    timeout, not held open."""
+    import socket
+
+    base = http_server(redis_url, "--body-timeout-s", "1")
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/system_one HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"model\": ")
+        t0 = time.monotonic()
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            chunk = sock.recv(65536)
+            assert chunk, "closed without an answer"
+            reply += chunk
+        waited = time.monotonic() - t0
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert 0.9 <= waited < 20

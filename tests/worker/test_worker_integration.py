@@ -154,7 +154,7 @@ def test_worker_answers_equal_predict(redis_url, start_worker, demo_model, cpu_p
     before = client.redis.get(result_key("demo-choice"))
     client.redis.lpush(QUEUE, build_message([rows[0]], QUEUE).payload)
     # A request past its deadline is answered `expired`, not scored.
-    late = client.submit({**rows[0], "id": "late"}, deadline_s=-1)
+    late = client.submit({**rows[0], "id": "late"}, deadline_s=1e-6)  # past before any worker sees it
     assert client.result(late, timeout_s=30).status == Status.expired
     _wait_drained(client.redis)
     assert client.redis.get(result_key("demo-choice")) == before
