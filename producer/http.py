@@ -4,12 +4,12 @@
     app = create_app("redis://127.0.0.1:6379/0", model="vela2-demo", keys=keys)  # any ASGI server
     serve("redis://127.0.0.1:6379/0", host="127.0.0.1", port=8000, keys=keys)    # uvicorn
 
-Authentication: every route but ``/healthz`` and the OpenAPI document needs an API key
+Authentication: every route but ``/healthz``, ``/readyz`` and the OpenAPI document needs an API key
 (``Authorization: Bearer <key>``; keys and their tenants in producer.auth): 401 without a known
 key, 403 for a key not allowed this model. ``--no-auth`` serves without, on loopback only, and
 says so at start; with neither keys nor ``--no-auth`` the route refuses to start (exit 2).
 
-Routes (OpenAPI at /openapi.json, docs at /docs):
+Routes (OpenAPI at /openapi.json; no /docs page, whose scripts would come from a CDN):
 
 - ``POST /v1/system_one?wait_s=&deadline_s=``: a SystemOne request (JSON body). It is validated
   here, queued on the model's online queue, and awaited up to ``wait_s`` (default the app's
@@ -23,7 +23,11 @@ Routes (OpenAPI at /openapi.json, docs at /docs):
   is recorded by a ``vela2:submitted:<id>`` marker that the worker turns into "answered" when it
   stores the result and that outlives the result, so an expired answer is never "pending" and
   never an endless wait. One MGET per GET.
-- ``GET /healthz``: 200 with the queue depths when Redis answers, else 503.
+- ``GET /healthz``: liveness: 200 with the queue depths when Redis answers, else 503.
+- ``GET /readyz``: readiness: 200 when at least one worker of the model has beaten within
+  ``READY_STALE_S`` (workers beat every ``HEARTBEAT_S`` into ``vela2:workers:<model>`` while their
+  engine makes progress; a stalled or stopped one drops out), else 503 (``no_worker`` or Redis
+  ``unavailable``).
 
 Status codes (the body is always JSON; for a SystemOne request the answer, or an error answer
 ``{"version", "model", "id", "status": "error", "error": {"type", "message"}}``):
@@ -65,6 +69,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -94,7 +99,7 @@ from vela2.errors import (
 from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
 from vela2.schemas import ErrorInfo, Status
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, SystemOneRequest, error_answer, parse_request
-from vela2.wire.keys import queue_name
+from vela2.wire.keys import HEARTBEAT_S, queue_name, workers_key
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +113,7 @@ DEFAULT_REDIS_CONNECTIONS = 64  # Redis connections of one route process (reques
 DEFAULT_REDIS_WAIT_S = 5.0  # longest a request waits for a free one, then 429
 DEFAULT_BODY_TIMEOUT_S = 30.0  # longest a request body may take to arrive, then 408
 RETRY_AFTER_S = 1
+READY_STALE_S = 3 * HEARTBEAT_S  # a worker whose last heartbeat is older is not counted live
 REQUEST_ERROR_TYPES = {InvalidRequest.code, LimitExceeded.code}  # the caller's fault -> 422
 
 
@@ -136,6 +142,15 @@ class Health(BaseModel):
     model: str
     redis: str  # "ok", or the connection error
     queue_depth: dict[str, int] | None = None  # online / backfill messages waiting
+
+
+class Ready(BaseModel):
+    """Readiness: a live worker serves the model (its heartbeat within the last READY_STALE_S)."""
+
+    status: Literal["ready", "no_worker", "unavailable"]
+    model: str
+    workers: int  # workers of the model with a fresh heartbeat
+    redis: str
 
 
 class NotFound(BaseModel):
@@ -250,6 +265,10 @@ def create_app(
     app = FastAPI(
         title="Vela 2 SystemOne",
         version=__version__,
+        # FastAPI's /docs and /redoc pages load their scripts from a CDN: not served (the OpenAPI
+        # document at /openapi.json opens in any viewer, offline too)
+        docs_url=None,
+        redoc_url=None,
         description=f"SystemOne requests for model `{model}`, answered by the Vela 2 workers through Redis.",
         lifespan=lifespan,
     )
@@ -419,6 +438,22 @@ def create_app(
             return JSONResponse(body.model_dump(mode="json"), status_code=503)
         depth = {"online": int(online), "backfill": int(backfill)}
         return JSONResponse(Health(status="ok", model=model, redis="ok", queue_depth=depth).model_dump(mode="json"))
+
+    @app.get(
+        "/readyz",
+        summary="Readiness: Redis reachable and a live worker serving the model",
+        response_model=Ready,
+        responses={503: {"model": Ready, "description": "no live worker for the model, or Redis unreachable"}},
+    )
+    async def readyz() -> JSONResponse:
+        since = time.time() - READY_STALE_S
+        try:
+            live = int(await client().redis.zcount(workers_key(model), since, "+inf"))
+        except redis.exceptions.RedisError as e:
+            body = Ready(status="unavailable", model=model, workers=0, redis=str(e) or type(e).__name__)
+            return JSONResponse(body.model_dump(mode="json"), status_code=503)
+        body = Ready(status="ready" if live else "no_worker", model=model, workers=live, redis="ok")
+        return JSONResponse(body.model_dump(mode="json"), status_code=200 if live else 503)
 
     def openapi() -> dict[str, Any]:
         # The request body is read raw (so refusals carry our messages, not FastAPI's), so its

@@ -9,6 +9,10 @@ messages it holds to "now" every quarter of the visibility timeout (ZADD XX: an 
 never re-added). A dead worker stops renewing, and its messages come back one visibility timeout
 later; a stalled engine (no turn for a whole visibility timeout, e.g. a hung device) stops renewing
 too, so its messages go to a live worker.
+
+The same thread beats every HEARTBEAT_S into `keys.workers_key(model)` (a sorted set: worker id
+-> unix time) while the engine makes progress, so `vela2 http`'s /readyz knows whether a live
+worker serves the model; a stalled engine stops beating as it stops renewing.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from vela2.wire import keys
 log = logging.getLogger(__name__)
 
 _MAX_INTERVAL_S = 30.0  # renew at least this often, however long the visibility timeout
+HEARTBEAT_S = keys.HEARTBEAT_S
 _CHUNK = 1000  # tags per ZADD
 
 
@@ -31,8 +36,10 @@ class Leases:
     """The delivery tags an engine holds, renewed from a thread of their own."""
 
     def __init__(self, redis: Any, visibility_timeout_s: float, progress: Callable[[], float] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, heartbeat: tuple[str, str] | None = None):
         self.redis = redis
+        # (model name, worker id): beat into keys.workers_key(model) while the engine makes progress
+        self.heartbeat = heartbeat
         self.visibility_timeout_s = float(visibility_timeout_s)
         self.interval_s = max(0.2, min(_MAX_INTERVAL_S, self.visibility_timeout_s / 4))
         self.progress = progress  # when the engine last made progress (clock seconds); None: always
@@ -61,6 +68,22 @@ class Leases:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        if self.heartbeat is not None:  # a worker that stops is not ready any more
+            try:
+                self.redis.zrem(keys.workers_key(self.heartbeat[0]), self.heartbeat[1])
+            except Exception as e:  # Redis away: the beat goes stale on its own
+                log.warning("removing the heartbeat failed: %s", e)
+
+    def beat(self) -> None:
+        """Record this worker as live now (and drop heartbeats of workers gone for a while)."""
+        if self.heartbeat is None:
+            return
+        model, worker_id = self.heartbeat
+        now = time.time()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(keys.workers_key(model), {worker_id: now})
+        pipe.zremrangebyscore(keys.workers_key(model), "-inf", now - 60 * HEARTBEAT_S)
+        pipe.execute()
 
     def stalled(self) -> bool:
         """True when the engine has made no progress for a whole visibility timeout."""
@@ -82,7 +105,10 @@ class Leases:
 
     def _run(self) -> None:
         warned = False
-        while not self._stop.wait(self.interval_s):
+        tick = min(self.interval_s, HEARTBEAT_S) if self.heartbeat is not None else self.interval_s
+        next_renew = self.clock() + self.interval_s
+        self._beat_safely()
+        while not self._stop.wait(tick):
             if self.stalled():
                 if not warned:
                     log.error("the engine made no progress for %.0f s: no longer renewing its %d messages' "
@@ -90,7 +116,17 @@ class Leases:
                     warned = True
                 continue
             warned = False
+            self._beat_safely()
+            if self.clock() < next_renew:
+                continue
+            next_renew = self.clock() + self.interval_s
             try:
                 self.renew()
             except Exception as e:  # Redis away: the next round tries again (the timeout is 4 rounds away)
                 log.warning("renewing the visibility of %d messages failed: %s", len(self._tags), e)
+
+    def _beat_safely(self) -> None:
+        try:
+            self.beat()
+        except Exception as e:  # Redis away: the next tick tries again
+            log.warning("the heartbeat failed: %s", e)

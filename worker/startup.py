@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -153,8 +154,9 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
                             gpu_memory_source=(lambda: device.memory) if isinstance(device, ProcessDevice) else None)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.metrics_host)
+    worker_id = f"{socket.gethostname()}:{os.getpid()}:{settings.device}"
     leases = Leases(redis.Redis.from_url(settings.redis_url), settings.visibility_timeout_s,
-                    progress=lambda: engine.progress)
+                    progress=lambda: engine.progress, heartbeat=(model.name, worker_id))
     broker = redis.Redis.from_url(settings.redis_url)
     engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored,
                     leases=leases, release_held=partial(release_held, broker), cpu=cpu, device=device)

@@ -226,9 +226,12 @@ def test_redis_down_is_503(http_server):
 def test_openapi_describes_every_route_and_the_systemone_schemas(redis_url, http_server):
     base = http_server(redis_url)
     with httpx.Client(base_url=base, timeout=30) as http:
-        spec = http.get("/openapi.json").json()
-        assert http.get("/docs").status_code == 200
-    assert set(spec["paths"]) == {"/v1/system_one", "/v1/results/{request_id}", "/healthz"}
+        raw = http.get("/openapi.json")
+        spec = raw.json()
+        # no page that loads scripts from a CDN: the document alone, which names no remote asset
+        assert http.get("/docs").status_code == 404 and http.get("/redoc").status_code == 404
+        assert "cdn" not in raw.text.lower() and "<script" not in raw.text
+    assert set(spec["paths"]) == {"/v1/system_one", "/v1/results/{request_id}", "/healthz", "/readyz"}
     post = spec["paths"]["/v1/system_one"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/SystemOneRequest"
@@ -360,3 +363,22 @@ def test_a_body_that_does_not_arrive_in_time_is_408(redis_url, http_server):
         waited = time.monotonic() - t0
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
     assert 0.9 <= waited < 20
+
+
+def test_readyz_follows_the_workers_heartbeats(redis_url, redis_server, http_server, real_worker):
+    """/readyz is 503 no_worker until a real worker of the model beats, 200 while it runs, 503
+    again once it stopped (its heartbeat removed); /healthz is 200 throughout (Redis is up)."""
+    base = http_server(redis_url)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        r = http.get("/readyz")
+        assert r.status_code == 503 and r.json() == {"status": "no_worker", "model": MODEL, "workers": 0,
+                                                     "redis": "ok"}
+        assert http.get("/healthz").status_code == 200
+        worker = real_worker(redis_url)
+        deadline = time.monotonic() + 30
+        while (r := http.get("/readyz")).status_code != 200:
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.05)
+        assert r.json()["status"] == "ready" and r.json()["workers"] == 1
+        assert worker.terminate() == 0
+        assert http.get("/readyz").status_code == 503 and http.get("/healthz").status_code == 200

@@ -46,3 +46,27 @@ def test_the_thread_renews_on_its_own():
     finally:
         leases.stop()
     assert leases.renewals >= 1
+
+
+def test_a_live_engine_beats_and_a_stalled_or_stopped_one_drops_out():
+    from vela2.wire.keys import workers_key
+
+    r = fakeredis.FakeRedis()
+    progress = [time.monotonic()]
+    r.zadd(workers_key("m"), {"gone-long-ago": time.time() - 3600})
+    leases = Leases(r, visibility_timeout_s=0.8, progress=lambda: progress[0], heartbeat=("m", "w-1"))
+    leases.start()
+    try:
+        deadline = time.monotonic() + 10
+        while r.zscore(workers_key("m"), "w-1") is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert r.zscore(workers_key("m"), "gone-long-ago") is None  # dropped by the live one's beat
+        progress[0] = time.monotonic() - 100  # the engine stalls: no more beats
+        time.sleep(0.5)
+        last = r.zscore(workers_key("m"), "w-1")
+        time.sleep(0.5)
+        assert r.zscore(workers_key("m"), "w-1") == last
+    finally:
+        leases.stop()
+    assert r.zscore(workers_key("m"), "w-1") is None  # a stopped worker is not ready

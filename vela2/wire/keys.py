@@ -11,7 +11,9 @@ QUEUE_PREFIX = "vela2."
 BACKFILL_SUFFIX = ".backfill"
 DEAD_SUFFIX = ".dead"
 ATTEMPTS_PREFIX = "vela2:attempts:"  # INCR per delivery that starts running a request; deleted once answered
-SUBMITTED_PREFIX = "vela2:submitted:"  # a marker a tracking client sets at submit time (value: the queue)
+SUBMITTED_PREFIX = "vela2:submitted:"  # a marker a tracking client sets at submit time ("<queue> <digest>")
+WORKERS_PREFIX = "vela2:workers:"  # a sorted set per model: worker id -> its last heartbeat (unix time)
+HEARTBEAT_S = 5.0  # a live worker beats this often; a reader counts one 3 beats old as gone
 
 # kombu's Redis transport: delivered, not yet acknowledged messages live in these (its defaults),
 # and priority messages in sub-lists named <queue><sep><priority>.
@@ -51,6 +53,11 @@ def submitted_key(request_id: str) -> str:
 def attempts_key(request_id: str) -> str:
     """The counter of deliveries in which a request started running (`vela2:attempts:<id>`)."""
     return ATTEMPTS_PREFIX + request_id
+
+
+def workers_key(model_name: str) -> str:
+    """The heartbeats of a model's live workers (worker.leases writes, `vela2 http /readyz` reads)."""
+    return f"{WORKERS_PREFIX}{model_name}"
 
 
 def online_queue(model_name: str) -> str:
