@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
+    Scope,
     claim_commands,
     conflict_error,
     expired_answer,
@@ -166,12 +167,23 @@ class AsyncClient:
         submitted_ttl_s: int = DEFAULT_SUBMITTED_TTL_S,
         poll_min_s: float = POLL_MIN_S,
         poll_max_s: float = POLL_MAX_S,
+        tenant: str | None = None,
     ):
+        self._owns_redis = redis is None  # aclose closes only a connection pool this client made
         self.redis = redis if redis is not None else aioredis.Redis.from_url(redis_url)
         self.model = model
         self.track_submitted = track_submitted
         self.submitted_ttl_s = submitted_ttl_s
+        self.scope = Scope(tenant)  # ids of a tenant never meet another's (producer.client.Scope)
+        self._poll = (poll_min_s, poll_max_s)
         self.poller = _Poller(self.redis, poll_min_s, poll_max_s)
+
+    def with_tenant(self, tenant: str | None) -> AsyncClient:
+        """A client for `tenant` over this one's connection pool (its own poller; closing it leaves
+        the pool open)."""
+        return AsyncClient(model=self.model, redis=self.redis, track_submitted=self.track_submitted,
+                           submitted_ttl_s=self.submitted_ttl_s, poll_min_s=self._poll[0],
+                           poll_max_s=self._poll[1], tenant=tenant)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -208,7 +220,8 @@ class AsyncClient:
     ) -> str:
         """Validate and queue one request; returns its id (see producer.Client.submit)."""
         item = prepare_request(request, self.model, validate=validate)
-        await self._submit([item], self.queue_for(backfill=backfill), 1, deadline_to_expires(deadline_s))
+        await self._submit(self.scope.wire_items([item]), self.queue_for(backfill=backfill), 1,
+                           deadline_to_expires(deadline_s))
         return item[0]
 
     async def submit_many(
@@ -224,7 +237,7 @@ class AsyncClient:
         items = prepare_many(requests, self.model, validate=validate)
         expires = deadline_to_expires(deadline_s)
         if items:
-            await self._submit(items, self.queue_for(backfill=backfill), chunk_size, expires)
+            await self._submit(self.scope.wire_items(items), self.queue_for(backfill=backfill), chunk_size, expires)
         return [rid for rid, _ in items]
 
     async def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:
@@ -232,8 +245,10 @@ class AsyncClient:
         ids = list(dict.fromkeys(ids))
         if not ids:
             return {}
-        got = split_state(ids, await self.redis.mget(state_keys(ids)))
-        return {rid: (state_of(raw, marker), parse_answer(raw)) for rid, (raw, marker) in got.items()}
+        wire = [self.scope.wire(rid) for rid in ids]
+        got = split_state(wire, await self.redis.mget(state_keys(wire)))
+        return {rid: (state_of(*got[w]), self.scope.back(parse_answer(got[w][0]), w))
+                for rid, w in zip(ids, wire, strict=True)}
 
     async def lookup(self, request_id: str) -> tuple[State, dict[str, Any] | None]:
         """(state, stored answer or None) of one id now (one MGET); the HTTP GET route's read."""
@@ -249,13 +264,20 @@ class AsyncClient:
         return await self.status(request_id) == "pending"
 
     async def _one(self, request_id: str, timeout_s: float | None, parse: Any) -> Any:
-        raw = (await self.poller.wait([request_id], timeout_s))[request_id]
+        wire = self.scope.wire(request_id)
+        raw = (await self.poller.wait([wire], timeout_s))[wire]
         if raw is EXPIRED:
             raise result_expired_error(request_id)
         value = parse(raw)
         if value is None:
             raise TimeoutError(f"no result for {request_id!r} after {timeout_s} s")
-        return value
+        return self.scope.back(value, wire)
+
+    async def _many(self, ids: Iterable[str], timeout_s: float | None, parse: Any, expired: Any) -> dict[str, Any]:
+        wire = {rid: self.scope.wire(rid) for rid in ids}
+        raws = await self.poller.wait(list(wire.values()), timeout_s)
+        return {rid: self.scope.back(expired(w) if raws[w] is EXPIRED else parse(raws[w]), w)
+                for rid, w in wire.items()}
 
     async def result(self, request_id: str, timeout_s: float | None = None) -> RowResult:
         """Await one RowResult; TimeoutError after timeout_s; ResultExpired (at once) when its
@@ -270,21 +292,20 @@ class AsyncClient:
     async def results_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, RowResult | None]:
         """Await many RowResults (shared MGET polls); an expired id maps to an error RowResult of
         type "result_expired", ids without a result after timeout_s to None."""
-        raws = await self.poller.wait(list(ids), timeout_s)
-        return {rid: expired_row(rid) if raw is EXPIRED else parse_meta(raw) for rid, raw in raws.items()}
+        return await self._many(ids, timeout_s, parse_meta, expired_row)
 
     async def answers_many(
         self, ids: Iterable[str], timeout_s: float | None = None
     ) -> dict[str, dict[str, Any] | None]:
         """As results_many, but the product answers (an expired id: the error RowResult dict)."""
-        raws = await self.poller.wait(list(ids), timeout_s)
-        return {rid: expired_answer(rid) if raw is EXPIRED else parse_answer(raw) for rid, raw in raws.items()}
+        return await self._many(ids, timeout_s, parse_answer, expired_answer)
 
     async def ping(self) -> bool:
         """True when Redis answers; raises redis.ConnectionError when it does not."""
         return bool(await self.redis.ping())
 
     async def aclose(self) -> None:
-        """Stop the poller and release the connection pool."""
+        """Stop the poller and release the connection pool (when this client made it)."""
         await self.poller.aclose()
-        await self.redis.aclose()
+        if self._owns_redis:
+            await self.redis.aclose()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vela2.errors import ConfigError
+from vela2.wire.keys import tenant_problem
 
 ENV_API_KEYS = "VELA2_API_KEYS"
 ENV_API_KEYS_FILE = "VELA2_API_KEYS_FILE"
@@ -87,13 +88,13 @@ class KeyRing:
             if not isinstance(obj, dict) or set(obj) - {"tenant", "sha256", "models"}:
                 raise ConfigError(f"{where}: an object with tenant, sha256 and optionally models is expected")
             tenant, digest, models = obj.get("tenant"), obj.get("sha256"), obj.get("models")
-            if not isinstance(tenant, str) or not tenant.strip():
-                raise ConfigError(f"{where}: tenant must be a non-empty string")
+            if problem := tenant_problem(tenant):
+                raise ConfigError(f"{where}: {problem}")
             if not isinstance(digest, str) or len(digest) != 64 or set(digest) - set("0123456789abcdef"):
                 raise ConfigError(f"{where}: sha256 must be 64 lowercase hex digits (python -m producer.auth new)")
             if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
                 raise ConfigError(f"{where}: models must be a list of model names")
-            keys.append(ApiKey(tenant, digest, frozenset(models) if models is not None else None))
+            keys.append(ApiKey(str(tenant), digest, frozenset(models) if models is not None else None))
         return cls(keys)
 
     @classmethod
@@ -129,7 +130,9 @@ class KeyRing:
 
 
 def new_key(tenant: str, models: list[str] | None = None) -> tuple[str, ApiKey]:
-    """A fresh random key and its keys-file entry."""
+    """A fresh random key and its keys-file entry; ConfigError for a tenant name that cannot be one."""
+    if problem := tenant_problem(tenant):
+        raise ConfigError(problem)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     return key, ApiKey(tenant, hash_key(key), frozenset(models) if models is not None else None)
 
@@ -143,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     new.add_argument("--models", default=None, help="comma list of the models it may use (default: all)")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m] if args.models is not None else None
-    key, entry = new_key(args.tenant, models)
+    try:
+        key, entry = new_key(args.tenant, models)
+    except ConfigError as e:
+        print(f"python -m producer.auth: {e}", file=sys.stderr)
+        return 2
     print(key)
     print(entry.line())
     return 0

@@ -68,7 +68,7 @@ from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, Vela2Error
 from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
 from vela2.schemas import Status, error_result
 from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
-from vela2.wire.keys import queue_name
+from vela2.wire.keys import queue_name, unscoped_id
 from vela2.wire.messages import build_message, deadline_to_expires, request_id
 
 log = logging.getLogger(__name__)
@@ -384,11 +384,14 @@ class _Backfill:
         stored = self._redis("reading stored results", self.client.lookup_many, [rid for rid, _, _ in batch])
         # An id that already names other content (answered or pending) gets an id_conflict error line,
         # never that other request's answer; the others are marked submitted here.
-        claims = self._redis("checking ids", self.client.claim, [(rid, obj) for rid, obj, _ in batch], self.queue)
+        scope = self.client.scope
+        claims = self._redis("checking ids", self.client.claim,
+                             scope.wire_items([(rid, obj) for rid, obj, _ in batch]), self.queue)
+        conflicts = {unscoped_id(scope.tenant, w) for w in claims.conflicts}
         todo = []
         for rid, obj, pend in batch:
             state, answer = stored[rid]
-            if rid in claims.conflicts:
+            if rid in conflicts:
                 self.summary.id_conflict += 1
                 self._write(_error_line(obj, rid, conflict_error([rid])))
             elif answer is not None:
@@ -403,7 +406,7 @@ class _Backfill:
             if not self.poll():
                 time.sleep(self.poll_s)
         messages = pack_messages(
-            [(rid, obj) for rid, obj, _ in todo],
+            scope.wire_items([(rid, obj) for rid, obj, _ in todo]),
             self.queue,
             chunk_size=self.chunk_size,
             expires=deadline_to_expires(self.deadline_s),
@@ -484,6 +487,7 @@ def run_backfill(
     poll_s: float = DEFAULT_POLL_S,
     redis: Any = None,
     redis_timeout_s: float | None = None,
+    tenant: str | None = None,
 ) -> BackfillSummary:
     """Score every request of IN through the queue into OUT (see the module docstring).
 
@@ -491,7 +495,8 @@ def run_backfill(
     error line of type "timeout"; `deadline_s`: Celery `expires` per message (the worker answers
     `expired` after it); `progress`: None = a bar when stderr is a terminal. `redis` replaces the
     connection made from `redis_url` (tests). `redis_timeout_s`: the longest Redis outage the run
-    rides out (default `timeout_s`), then RedisUnavailable. Returns the summary (also logged).
+    rides out (default `timeout_s`), then RedisUnavailable. `tenant`: the ids are this tenant's
+    (producer.client.Scope; OUT holds them as given). Returns the summary (also logged).
     """
     if window < 1:
         raise InvalidRequest(f"window must be at least 1; got {window}")
@@ -502,7 +507,7 @@ def run_backfill(
     done, torn = scan_out(out_path)
     enabled = sys.stderr.isatty() if progress is None else progress
     bar = _progress_bar(enabled, count_lines(in_path) if enabled else None)
-    client = Client(redis_url, model=model, redis=redis)
+    client = Client(redis_url, model=model, redis=redis, tenant=tenant)
     writer = LineWriter(out_path)
     job = _Backfill(
         client, writer, window=window, chunk_size=chunk_size, timeout_s=timeout_s, deadline_s=deadline_s,
@@ -539,6 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="rows per queue message")
     ap.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per row; then an error line")
     ap.add_argument("--deadline-s", type=float, default=None, help="the worker answers 'expired' after this")
+    ap.add_argument("--tenant", default=None, help="the ids are this tenant's (as with an API key's tenant over HTTP)")
     ap.add_argument("--poll-s", type=float, default=DEFAULT_POLL_S, help="pause between result polls")
     ap.add_argument(
         "--redis-timeout-s", type=float, default=None, help="longest Redis outage ridden out (default --timeout-s)"
@@ -574,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=args.progress,
             poll_s=args.poll_s,
             redis_timeout_s=args.redis_timeout_s,
+            tenant=args.tenant,
         )
     except (InvalidRequest, LimitExceeded, ConfigError) as e:
         print(f"vela2 backfill: {e}", file=sys.stderr)

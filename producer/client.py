@@ -42,9 +42,9 @@ import redis as redis_lib
 from pydantic import BaseModel
 
 from vela2.config import LIMITS
-from vela2.errors import IdConflict, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
+from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
 from vela2.schemas import RowResult, error_result, parse_row
-from vela2.wire.keys import queue_name, result_key, submitted_key
+from vela2.wire.keys import queue_name, result_key, scoped_id, submitted_key, tenant_problem, unscoped_id
 from vela2.wire.messages import Message, build_message, deadline_to_expires, request_digest, with_id
 from vela2.wire.results import (
     CLAIM_ANSWERED,
@@ -86,6 +86,47 @@ def expired_row(request_id: str) -> RowResult:
 def expired_answer(request_id: str) -> dict[str, Any]:
     """The stand-in answers_many returns for an expired id (the RowResult dict of `expired_row`)."""
     return expired_row(request_id).to_json_dict()
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A client's tenant: the ids it sends travel and are stored as `<tenant>/<id>`
+    (vela2.wire.keys.scoped_id), so two tenants' equal ids never meet; every read maps them back,
+    answers included. No tenant: ids as given (the default)."""
+
+    tenant: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tenant is not None and (problem := tenant_problem(self.tenant)):
+            raise InvalidRequest(problem)
+
+    def wire(self, rid: str) -> str:
+        return scoped_id(self.tenant, rid)
+
+    def wire_items(self, items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """Prepared (id, request) pairs as they travel; LimitExceeded when a scoped id is too long."""
+        if self.tenant is None:
+            return items
+        out = []
+        for rid, obj in items:
+            wire = self.wire(rid)
+            if len(wire) > LIMITS.max_id_chars:
+                room = LIMITS.max_id_chars - len(self.wire(""))
+                raise LimitExceeded(f"id {rid[:40]!r}... has {len(rid):,} characters; under tenant "
+                                    f"{self.tenant!r} the limit is {room:,}")
+            out.append((wire, {**obj, "id": wire} if isinstance(obj, dict) else obj))
+        return out
+
+    def back(self, value: Any, wire: str) -> Any:
+        """A read value (RowResult, answer dict or None) with the caller's id in place of `wire`."""
+        if self.tenant is None or value is None:
+            return value
+        user = unscoped_id(self.tenant, wire)
+        if isinstance(value, RowResult):
+            return value.model_copy(update={"id": user}) if value.id == wire else value
+        if isinstance(value, dict) and value.get("id") == wire:
+            return {**value, "id": user}
+        return value
 
 
 def _as_json(request: Any) -> Any:
@@ -234,9 +275,11 @@ class Client:
         redis: Any = None,
         track_submitted: bool = True,
         submitted_ttl_s: int = DEFAULT_SUBMITTED_TTL_S,
+        tenant: str | None = None,
     ):
         self.redis = redis if redis is not None else redis_lib.Redis.from_url(redis_url)
         self.model = model
+        self.scope = Scope(tenant)  # ids of a tenant never meet another's (see Scope)
         # Write vela2:submitted:<id> markers at submit time (with the push): without them an expired
         # answer cannot be told from one not written yet, and waits on it last their whole timeout.
         self.track_submitted = track_submitted
@@ -289,7 +332,8 @@ class Client:
         `validate=False` sends the request as it is (only the message size is checked), so the
         worker answers a bad one with its error result (demos and tests of that path)."""
         item = prepare_request(request, self.model, validate=validate)
-        self._submit([item], self.queue_for(backfill=backfill), 1, deadline_to_expires(deadline_s))
+        self._submit(self.scope.wire_items([item]), self.queue_for(backfill=backfill), 1,
+                     deadline_to_expires(deadline_s))
         return item[0]
 
     def submit_many(
@@ -307,7 +351,7 @@ class Client:
         items = prepare_many(requests, self.model, validate=validate)
         expires = deadline_to_expires(deadline_s)
         if items:
-            self._submit(items, self.queue_for(backfill=backfill), chunk_size, expires)
+            self._submit(self.scope.wire_items(items), self.queue_for(backfill=backfill), chunk_size, expires)
         return [rid for rid, _ in items]
 
     def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:
@@ -315,8 +359,10 @@ class Client:
         ids = list(dict.fromkeys(ids))
         if not ids:
             return {}
-        got = split_state(ids, self.redis.mget(state_keys(ids)))
-        return {rid: (state_of(raw, marker), parse_answer(raw)) for rid, (raw, marker) in got.items()}
+        wire = [self.scope.wire(rid) for rid in ids]
+        got = split_state(wire, self.redis.mget(state_keys(wire)))
+        return {rid: (state_of(*got[w]), self.scope.back(parse_answer(got[w][0]), w))
+                for rid, w in zip(ids, wire, strict=True)}
 
     def lookup(self, request_id: str) -> tuple[State, dict[str, Any] | None]:
         """(state, stored answer or None) of one id now (one MGET)."""
@@ -363,23 +409,30 @@ class Client:
     def result(self, request_id: str, timeout_s: float | None = None) -> RowResult:
         """Wait for one RowResult (pub/sub on its key, so no polling); TimeoutError after timeout_s;
         ResultExpired when its answer has expired from the result store (at once, whatever timeout_s)."""
-        return self._wait_one(request_id, timeout_s, parse_meta)
+        wire = self.scope.wire(request_id)
+        return self.scope.back(self._wait_one(wire, timeout_s, parse_meta), wire)
 
     def answer(self, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:
         """Wait for one product answer: a SystemOne request's answer, else the RowResult dict.
         TimeoutError / ResultExpired as `result`."""
-        return self._wait_one(request_id, timeout_s, parse_answer)
+        wire = self.scope.wire(request_id)
+        return self.scope.back(self._wait_one(wire, timeout_s, parse_answer), wire)
 
     def results_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, RowResult | None]:
         """Wait for many results, one MGET (result + marker keys) per poll over the ids still
         missing. An id whose answer expired maps to an error RowResult of type "result_expired"
         (never None: it will not come); ids without a result when timeout_s runs out map to None."""
-        return self._wait_many(list(ids), timeout_s, parse_meta, expired_row)
+        return self._read_many(list(ids), timeout_s, parse_meta, expired_row)
 
     def answers_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, dict[str, Any] | None]:
         """As results_many, but the product answers: a SystemOne request's answer, else the
         RowResult dict (an expired id: the error RowResult dict of type "result_expired")."""
-        return self._wait_many(list(ids), timeout_s, parse_answer, expired_answer)
+        return self._read_many(list(ids), timeout_s, parse_answer, expired_answer)
+
+    def _read_many(self, ids: list[str], timeout_s: float | None, parse: Any, expired: Any) -> dict[str, Any]:
+        wire = {rid: self.scope.wire(rid) for rid in ids}
+        got = self._wait_many(list(wire.values()), timeout_s, parse, expired)
+        return {rid: self.scope.back(got[w], w) for rid, w in wire.items()}
 
     def _wait_many(self, ids: list[str], timeout_s: float | None, parse: Any, expired: Any) -> dict[str, Any]:
         out: dict[str, Any] = dict.fromkeys(ids)

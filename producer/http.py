@@ -250,16 +250,21 @@ def create_app(
     connections; a request waits up to `redis_wait_s` for one, then gets 429 with Retry-After. A
     body not received within `body_timeout_s` gets 408."""
     state: dict[str, AsyncClient] = {}
+    tenants: dict[str, AsyncClient] = {}  # one client per tenant seen, over the one pool
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Created inside the server's event loop: redis.asyncio connections belong to one loop.
         pool = BoundedPool.from_url(redis_url, max_connections=redis_connections, timeout=redis_wait_s)
-        state["client"] = AsyncClient(model=model, track_submitted=True, redis=aioredis.Redis(connection_pool=pool))
+        redis_client = aioredis.Redis(connection_pool=pool)
+        state["client"] = AsyncClient(model=model, track_submitted=True, redis=redis_client)
         try:
             yield
         finally:
-            await state.pop("client").aclose()
+            for c in [*tenants.values(), state.pop("client")]:
+                await c.aclose()
+            tenants.clear()
+            await redis_client.aclose()
             await pool.disconnect()
 
     app = FastAPI(
@@ -273,8 +278,14 @@ def create_app(
         lifespan=lifespan,
     )
 
-    def client() -> AsyncClient:
-        return state["client"]
+    def client(tenant: str | None = None) -> AsyncClient:
+        """The client of a caller's tenant: its ids are scoped to it (producer.client.Scope)."""
+        if tenant is None:
+            return state["client"]
+        c = tenants.get(tenant)
+        if c is None:
+            c = tenants[tenant] = state["client"].with_tenant(tenant)
+        return c
 
     class _Refused(Exception):
         def __init__(self, refusal: Refusal):
@@ -377,14 +388,14 @@ def create_app(
         try:
             # queued unless its id is answered already (then the answer below comes at once), and
             # refused when the id names a request with other content (answered or pending)
-            rid = await client().submit(obj, deadline_s=deadline_s)
+            rid = await client(tenant).submit(obj, deadline_s=deadline_s)
         except IdConflict as e:
             return _error(409, e, obj)
         except Vela2Error as e:  # over the message size once wrapped
             return _error(422, e, obj)
         wait = timeout_s if wait_s is None else wait_s
         try:
-            answer = await client().answer(rid, timeout_s=wait)
+            answer = await client(tenant).answer(rid, timeout_s=wait)
         except TimeoutError:
             return pending(request, rid)
         except ResultExpired as e:  # answered and expired within the wait: result_expires is tiny
@@ -407,7 +418,7 @@ def create_app(
         },
     )
     async def get_result(request: Request, request_id: str, tenant: str | None = Depends(caller)) -> JSONResponse:
-        state, answer = await client().lookup(request_id)  # one MGET: result and marker together
+        state, answer = await client(tenant).lookup(request_id)  # one MGET: result and marker together
         if answer is not None:
             return JSONResponse(answer, status_code=status_code(answer))
         if state == "expired":

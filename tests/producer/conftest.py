@@ -29,7 +29,7 @@ from stack.harness import ROOT, WorkerProcess, child_env, free_port
 from vela2.schemas import Answer, RowResult, Status, expired_result
 from vela2.systemone import is_system_one
 from vela2.wire import keys
-from vela2.wire.messages import decode_delivery, decode_envelope, message_id
+from vela2.wire.messages import decode_delivery, decode_envelope, message_id, request_digest
 from vela2.wire.results import ResultStore, row_meta
 
 MODEL = "vela2-demo"
@@ -94,7 +94,7 @@ class FakeWorker:
                         answer = {"version": "1", "model": obj["model"], "id": rid, "status": "expired"}
                 else:
                     res, answer = fake_answer(obj, rid)
-                writes.append((rid, row_meta(rid, res, answer)))
+                writes.append((rid, row_meta(rid, res, answer, request_digest(obj))))  # as the worker stores
             while not self._stop.is_set():
                 try:
                     with self.lock:

@@ -32,7 +32,8 @@ def test_only_hashes_are_stored():
 @pytest.mark.parametrize(("line", "why"), [
     ("not json", "not JSON"),
     ('{"tenant": "a"}', "sha256 must be 64"),
-    ('{"tenant": "", "sha256": "' + "0" * 64 + '"}', "tenant must be"),
+    ('{"tenant": "", "sha256": "' + "0" * 64 + '"}', "a tenant name is 1-64 characters"),
+    ('{"tenant": "a/b", "sha256": "' + "0" * 64 + '"}', "a tenant name is 1-64 characters"),
     ('{"tenant": "a", "sha256": "' + "A" * 64 + '"}', "sha256 must be 64"),
     ('{"tenant": "a", "sha256": "' + "0" * 64 + '", "models": "m"}', "models must be a list"),
     ('{"tenant": "a", "sha256": "' + "0" * 64 + '", "key": "k"}', "an object with tenant"),

@@ -394,3 +394,26 @@ def test_a_row_whose_id_names_other_content_gets_an_id_conflict_line(tmp_path, r
         assert client.llen(backfill_queue("m")) == 0
     finally:
         client.close()
+
+
+def test_a_tenants_backfill_queues_and_reads_its_own_ids(tmp_path, redis_server, redis_url):
+    from vela2.schemas import RowResult, Status
+    from vela2.wire.messages import request_digest
+    from vela2.wire.results import ResultStore, row_meta
+
+    base = {"task": "choice:x", "text": "t", "questions": [{"options": ["a", "b"]}]}
+    client = redis_server.client()
+    try:
+        res = RowResult(id="acme/b", task="choice:x", status=Status.ok, answers=[])
+        ResultStore(client).store([("acme/b", row_meta("acme/b", res, digest=request_digest({**base, "id": "b"})))])
+        inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        inp.write_text("".join(json.dumps({**base, "id": i}) + "\n" for i in ("b", "c")))
+        summary = run_backfill(inp, out, redis_url=redis_url, model="m", window=10, chunk_size=1, timeout_s=1,
+                               tenant="acme")
+        lines = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+        assert lines["b"]["status"] == "ok" and summary.recovered == 1  # its own stored answer, under "b"
+        assert lines["c"]["error"]["type"] == "timeout"  # queued (no worker here) under acme/c
+        (raw,) = client.lrange(backfill_queue("m"), 0, -1)
+        assert decode_body(decode_envelope(raw).body).requests[0]["id"] == "acme/c"
+    finally:
+        client.close()

@@ -313,3 +313,39 @@ def test_a_client_that_does_not_track_still_refuses_a_conflict(redis):
     with pytest.raises(IdConflict):
         client.submit({**ROW, "text": "other", "id": "z"})
     assert redis.get(submitted_key("z")) is None and redis.llen(ONLINE) == 0
+
+
+def test_tenants_ids_never_meet(redis):
+    """Two tenants' equal ids are two requests: queued and stored as <tenant>/<id>, read back under
+    the caller's id, never another tenant's answer, never a conflict between them."""
+    from vela2.errors import IdConflict
+
+    acme = Client(model="vela2-demo", redis=redis, tenant="acme")
+    beta = Client(model="vela2-demo", redis=redis, tenant="beta")
+    plain = Client(model="vela2-demo", redis=redis)
+    assert acme.submit({**ROW, "id": "x"}) == "x"
+    assert beta.submit({**ROW, "text": "other content", "id": "x"}) == "x"  # no conflict across tenants
+    queued = _queued(redis, ONLINE)
+    assert sorted(m["headers"]["id"] for m in queued) == ["acme/x", "beta/x"]
+    assert sorted(_body(m).requests[0]["id"] for m in queued) == ["acme/x", "beta/x"]
+
+    _answered(redis, "acme/x", {**ROW, "id": "acme/x"})
+    got = acme.result("x", timeout_s=1)
+    assert got.id == "x" and got.status == Status.ok
+    assert acme.answer("x", timeout_s=1)["id"] == "x"
+    assert acme.lookup("x")[0] == "answered" and acme.lookup("x")[1]["id"] == "x"
+    assert acme.results_many(["x"], timeout_s=1)["x"].id == "x"
+    assert beta.status("x") == "pending" and beta.lookup("x")[1] is None  # never acme's answer
+    assert plain.status("x") == "unknown"
+    with pytest.raises(IdConflict):  # within a tenant the id is still an idempotency key
+        acme.submit({**ROW, "text": "changed", "id": "x"})
+
+
+def test_a_tenants_id_limit_and_names(redis):
+    acme = Client(model="vela2-demo", redis=redis, tenant="acme")
+    with pytest.raises(LimitExceeded, match=r"under tenant 'acme' the limit is 251"):
+        acme.submit({**ROW, "id": "i" * 252})
+    assert acme.submit({**ROW, "id": "i" * 251}) == "i" * 251
+    for bad in ("", "a/b", "-x", "a" * 65, "naïve"):
+        with pytest.raises(InvalidRequest, match="a tenant name is 1-64 characters"):
+            Client(model="vela2-demo", redis=redis, tenant=bad)

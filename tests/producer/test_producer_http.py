@@ -382,3 +382,35 @@ def test_readyz_follows_the_workers_heartbeats(redis_url, redis_server, http_ser
         assert r.json()["status"] == "ready" and r.json()["workers"] == 1
         assert worker.terminate() == 0
         assert http.get("/readyz").status_code == 503 and http.get("/healthz").status_code == 200
+
+
+def test_each_tenant_has_its_own_ids(redis_url, redis_server, http_server, fake_worker, tmp_path):
+    """Two API keys of two tenants POST the same id with other content: no conflict, each gets its
+    own answer under that id, and neither can read, pre-empt or overwrite the other's."""
+    from producer.auth import new_key
+
+    fake_worker()
+    key_a, a = new_key("acme")
+    key_b, b = new_key("beta")
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text(a.line() + "\n" + b.line() + "\n")
+    base = http_server(redis_url, "--api-keys-file", str(keys))
+    acme, beta = {"Authorization": f"Bearer {key_a}"}, {"Authorization": f"Bearer {key_b}"}
+    mine = {**REQUEST, "id": "t-1", "tasks": REQUEST["tasks"][:1]}
+    theirs = {**REQUEST, "id": "t-1", "tasks": REQUEST["tasks"][1:2]}
+    with httpx.Client(base_url=base, timeout=30) as http:
+        ra = http.post("/v1/system_one", json=mine, params={"wait_s": 20}, headers=acme)
+        rb = http.post("/v1/system_one", json=theirs, params={"wait_s": 20}, headers=beta)
+        assert ra.status_code == rb.status_code == 200, (ra.text, rb.text)
+        assert ra.json()["id"] == rb.json()["id"] == "t-1"
+        assert list(ra.json()["tasks"]) == ["intent"] and list(rb.json()["tasks"]) == ["quality"]
+        assert http.get("/v1/results/t-1", headers=acme).json() == ra.json()
+        assert http.get("/v1/results/t-1", headers=beta).json() == rb.json()
+        # within a tenant an id is still an idempotency key
+        assert http.post("/v1/system_one", json=theirs, headers=acme).status_code == 409
+    client = redis_server.client()
+    try:
+        assert client.exists(result_key("acme/t-1")) and client.exists(result_key("beta/t-1"))
+        assert not client.exists(result_key("t-1"))
+    finally:
+        client.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from vela2.config import LIMITS
 
 TASK_NAME = "vela2.score"  # the Celery task name of every scoring message
@@ -21,6 +23,30 @@ UNACKED_KEY = "unacked"
 UNACKED_INDEX_KEY = "unacked_index"
 KOMBU_PRIORITY_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (3, 6, 9)
+
+
+TENANT_SEP = "/"  # a tenant's request ids travel as "<tenant>/<id>": tenant names never hold it
+TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def tenant_problem(tenant: object) -> str | None:
+    """Why `tenant` cannot name a tenant, or None: 1-64 of A-Z a-z 0-9 _ . -, starting alphanumeric."""
+    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
+        return (f"a tenant name is 1-64 characters of A-Z a-z 0-9 _ . - starting with a letter or digit; "
+                f"got {str(tenant)[:80]!r}")
+    return None
+
+
+def scoped_id(tenant: str | None, rid: str) -> str:
+    """The id a tenant's request travels and is stored under (no tenant: the id itself). Two tenants'
+    equal ids never meet: results, markers, attempts and the duplicate check all key on this."""
+    return rid if tenant is None else f"{tenant}{TENANT_SEP}{rid}"
+
+
+def unscoped_id(tenant: str | None, wire_id: str) -> str:
+    """The caller's id of a scoped one (the inverse of scoped_id)."""
+    prefix = "" if tenant is None else f"{tenant}{TENANT_SEP}"
+    return wire_id[len(prefix):] if prefix and wire_id.startswith(prefix) else wire_id
 
 
 def id_problem(rid: object) -> str | None:
