@@ -45,7 +45,8 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
       ``error.type`` ``result_expired`` and the id (POST: only when it expired within ``wait_s``)
 409   the request id already names a request with other content, answered or pending
       (``id_conflict``): an id is an idempotency key; the same content gets the stored answer
-408   the body did not arrive within ``--body-timeout-s`` (``invalid_request``)
+408   the body did not arrive within ``--body-timeout-s`` (``invalid_request``); a connection whose
+      request line and headers do not arrive within ``--headers-timeout-s`` is closed
 413   body over ``LIMITS.max_message_bytes`` (``limit_exceeded``): by its Content-Length, or as
       soon as a streamed body passes it (the rest is never read)
 422   invalid request (``invalid_request`` / ``limit_exceeded``, with the field, limit and value),
@@ -112,6 +113,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 DEFAULT_REDIS_CONNECTIONS = 64  # Redis connections of one route process (requests share them)
 DEFAULT_REDIS_WAIT_S = 5.0  # longest a request waits for a free one, then 429
 DEFAULT_BODY_TIMEOUT_S = 30.0  # longest a request body may take to arrive, then 408
+DEFAULT_HEADERS_TIMEOUT_S = 10.0  # longest a request line and headers may take to arrive, then the connection closes
 RETRY_AFTER_S = 1
 READY_STALE_S = 3 * HEARTBEAT_S  # a worker whose last heartbeat is older is not counted live
 REQUEST_ERROR_TYPES = {InvalidRequest.code, LimitExceeded.code}  # the caller's fault -> 422
@@ -495,6 +497,7 @@ def serve(
     redis_connections: int = DEFAULT_REDIS_CONNECTIONS,
     redis_wait_s: float = DEFAULT_REDIS_WAIT_S,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    headers_timeout_s: float = DEFAULT_HEADERS_TIMEOUT_S,
 ) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
     `keys` None (no authentication) is refused unless `host` is a loopback address."""
@@ -509,7 +512,55 @@ def serve(
                           "or --no-auth on loopback")
     app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
                      redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, http=headers_timeout_protocol(headers_timeout_s))
+
+
+def headers_timeout_protocol(timeout_s: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request line and headers have not all
+    arrived within `timeout_s` of the connection (or of the previous response): uvicorn itself
+    would hold such a connection for ever (a slowloris)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadersTimeout(H11Protocol):
+        _headers_timer: asyncio.TimerHandle | None = None
+        _waiting_for: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._waiting_for = self.cycle  # a request whose headers arrive replaces this cycle
+            self._headers_timer = self.loop.call_later(timeout_s, self._headers_timed_out)
+
+        def _disarm(self) -> None:
+            timer, self._headers_timer = self._headers_timer, None
+            if timer is not None:
+                timer.cancel()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not self._waiting_for:  # the headers are in: the body has its own timeout
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._disarm()
+                self._arm()  # the next request on this connection gets the same time
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _headers_timed_out(self) -> None:
+            self._headers_timer = None
+            if not self.transport.is_closing():
+                self.logger.warning("closing a connection whose request headers did not arrive within %g s",
+                                    timeout_s)
+                self.transport.close()
+
+    return HeadersTimeout
 
 
 def _positive(kind: type) -> Any:
@@ -544,6 +595,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="longest a request waits for a Redis connection, then 429 + Retry-After")
     ap.add_argument("--body-timeout-s", type=_positive(float), default=DEFAULT_BODY_TIMEOUT_S,
                     help="longest a request body may take to arrive, then 408")
+    ap.add_argument("--headers-timeout-s", type=_positive(float), default=DEFAULT_HEADERS_TIMEOUT_S,
+                    help="longest a request's line and headers may take to arrive, then the connection is closed")
     ap.add_argument("--no-auth", action="store_true",
                     help="serve without authentication (loopback only; it says so at start)")
     return ap
@@ -569,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
             redis_connections=args.redis_connections,
             redis_wait_s=args.redis_wait_s,
             body_timeout_s=args.body_timeout_s,
+            headers_timeout_s=args.headers_timeout_s,
         )
     except ConfigError as e:
         print(f"vela2 http: {e}", file=sys.stderr)

@@ -414,3 +414,28 @@ def test_each_tenant_has_its_own_ids(redis_url, redis_server, http_server, fake_
         assert not client.exists(result_key("t-1"))
     finally:
         client.close()
+
+
+def test_a_connection_whose_headers_do_not_arrive_is_closed(redis_url, http_server):
+    """A slowloris (a request line and half its headers, then nothing) is closed after the headers
+    timeout; so is one that stalls in the headers of its second request; a whole request is served."""
+    import socket
+
+    base = http_server(redis_url, "--headers-timeout-s", "1")
+    port = int(base.rsplit(":", 1)[1])
+
+    def closed_after(sock: socket.socket) -> float:
+        t0 = time.monotonic()
+        while sock.recv(65536):  # what a served request sent first, then b"" once closed
+            pass
+        return time.monotonic() - t0
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        assert 0.9 <= closed_after(sock) < 20
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # a whole request: answered
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHo")  # the next one stalls
+        assert closed_after(sock) < 20
