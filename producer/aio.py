@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from producer.client import (
     DEFAULT_MODEL,
@@ -69,6 +70,24 @@ class _Expired:
 
 
 EXPIRED = _Expired()
+
+
+class Busy(redis.exceptions.RedisError):
+    """No Redis connection came free within the wait: the route is at its concurrency (HTTP 429)."""
+
+
+class BoundedPool(aioredis.BlockingConnectionPool):
+    """At most max_connections connections; a caller waits `timeout` for one, then gets Busy (a
+    full pool is load, not Redis being away: redis-py says ConnectionError for both)."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)
+        except redis.exceptions.ConnectionError as e:
+            if isinstance(e.__cause__, asyncio.TimeoutError | TimeoutError):
+                raise Busy(f"every one of the {self.max_connections} Redis connections stayed busy for "
+                           f"{self.timeout:g} s") from e
+            raise
 
 
 class _Poller:
@@ -121,6 +140,9 @@ class _Poller:
             try:
                 got = split_state(ids, await self.redis.mget(state_keys(ids)))
                 self.polls += 1
+            except Busy:  # every pooled connection is in use: load, not an outage; poll again soon
+                await asyncio.sleep(pause)
+                continue
             except Exception as e:  # Redis away: every current waiter gets the error, none hangs
                 for rid in ids:
                     for fut in self._waiting.pop(rid, []):

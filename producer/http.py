@@ -83,7 +83,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from producer.aio import AsyncClient
+from producer.aio import AsyncClient, BoundedPool, Busy
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing, Refusal
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, result_expired_error
 from vela2 import __version__
@@ -185,24 +185,6 @@ async def read_body(request: Request, limit: int) -> bytes | LimitExceeded:
             return LimitExceeded(f"request body has over {limit:,} bytes (read {size:,}); limit {limit:,}")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-class Busy(redis.exceptions.RedisError):
-    """No Redis connection came free within the wait: the route is at its concurrency (HTTP 429)."""
-
-
-class BoundedPool(aioredis.BlockingConnectionPool):
-    """At most max_connections connections; a caller waits `timeout` for one, then gets Busy (a
-    full pool is load, not Redis being away: redis-py says ConnectionError for both)."""
-
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super().get_connection(*args, **kwargs)
-        except redis.exceptions.ConnectionError as e:
-            if isinstance(e.__cause__, asyncio.TimeoutError | TimeoutError):
-                raise Busy(f"every one of the {self.max_connections} Redis connections stayed busy for "
-                           f"{self.timeout:g} s; retry after {RETRY_AFTER_S} s") from e
-            raise
 
 
 def _error(http_status: int, exc: BaseException, obj: Any = None) -> JSONResponse:

@@ -5,6 +5,7 @@ shared pipelined polls, an event loop that keeps running while they wait, timeou
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
@@ -186,3 +187,32 @@ def test_an_id_reused_for_other_content_is_a_conflict(redis_url, redis_server):
             assert await client.redis.llen(online_queue(MODEL)) == 1
 
     asyncio.run(main())
+
+
+def test_a_busy_pool_delays_the_poller_and_fails_no_waiter():
+    """Busy (every pooled connection in use) is load: the poller polls again; only a real Redis
+    error fails the waiters."""
+    import fakeredis
+
+    from producer.aio import Busy
+
+    async def main() -> dict:
+        redis = fakeredis.FakeAsyncRedis()
+        client = AsyncClient(model=MODEL, redis=redis, poll_min_s=0.001, poll_max_s=0.01)
+        real_mget, calls = redis.mget, {"n": 0}
+
+        async def flaky_mget(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] <= 3:
+                raise Busy("every connection busy")
+            return await real_mget(*a, **kw)
+
+        redis.mget = flaky_mget
+        res = RowResult(id="b-1", task="choice:boolq", status=Status.ok, answers=[])
+        await redis.set(result_key("b-1"), json.dumps(row_meta("b-1", res)))
+        answer = await client.answer("b-1", timeout_s=5)
+        await client.aclose()
+        return {"answer": answer, "calls": calls["n"]}
+
+    got = asyncio.run(main())
+    assert got["answer"]["id"] == "b-1" and got["calls"] >= 4
