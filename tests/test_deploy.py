@@ -397,12 +397,19 @@ def fakes(tmp_path):
     return make
 
 
+def _default_signals() -> None:
+    # A runner started as a background job of a non-interactive shell passes SIGINT on ignored, and
+    # bash cannot trap a signal ignored at its start: the launcher starts as a terminal would start it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def _launched(env: dict[str, str], *args: str):
     proc = subprocess.Popen(
         ["bash", str(LAUNCHER), *args],
         env=env,
         start_new_session=True,
+        preexec_fn=_default_signals,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
