@@ -232,7 +232,7 @@ class AsyncClient:
         if claims.conflicts:
             if claims.marked:
                 await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])
-            raise conflict_error(claims.conflicts)
+            raise conflict_error([self.scope.caller(w) for w in claims.conflicts])
         todo = plan_submit(items, claims, messages, queue, chunk_size, expires)
         if todo:
             await self._push(todo)

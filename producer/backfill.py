@@ -68,7 +68,7 @@ from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, Vela2Error
 from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
 from vela2.schemas import Status, error_result
 from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
-from vela2.wire.keys import queue_name, unscoped_id
+from vela2.wire.keys import queue_name
 from vela2.wire.messages import build_message, deadline_to_expires, request_id
 
 log = logging.getLogger(__name__)
@@ -387,7 +387,7 @@ class _Backfill:
         scope = self.client.scope
         claims = self._redis("checking ids", self.client.claim,
                              scope.wire_items([(rid, obj) for rid, obj, _ in batch]), self.queue)
-        conflicts = {unscoped_id(scope.tenant, w) for w in claims.conflicts}
+        conflicts = {scope.caller(w) for w in claims.conflicts}
         todo = []
         for rid, obj, pend in batch:
             state, answer = stored[rid]

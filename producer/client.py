@@ -117,11 +117,15 @@ class Scope:
             out.append((wire, {**obj, "id": wire} if isinstance(obj, dict) else obj))
         return out
 
+    def caller(self, wire: str) -> str:
+        """The caller's id of a wire id."""
+        return unscoped_id(self.tenant, wire)
+
     def back(self, value: Any, wire: str) -> Any:
         """A read value (RowResult, answer dict or None) with the caller's id in place of `wire`."""
         if self.tenant is None or value is None:
             return value
-        user = unscoped_id(self.tenant, wire)
+        user = self.caller(wire)
         if isinstance(value, RowResult):
             return value.model_copy(update={"id": user}) if value.id == wire else value
         if isinstance(value, dict) and value.get("id") == wire:
@@ -318,7 +322,7 @@ class Client:
         claims = self.claim(items, queue)
         if claims.conflicts:
             self.release(claims.marked)
-            raise conflict_error(claims.conflicts)
+            raise conflict_error([self.scope.caller(w) for w in claims.conflicts])
         todo = plan_submit(items, claims, messages, queue, chunk_size, expires)
         if todo:
             self._push(todo)

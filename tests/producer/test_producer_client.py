@@ -337,8 +337,9 @@ def test_tenants_ids_never_meet(redis):
     assert acme.results_many(["x"], timeout_s=1)["x"].id == "x"
     assert beta.status("x") == "pending" and beta.lookup("x")[1] is None  # never acme's answer
     assert plain.status("x") == "unknown"
-    with pytest.raises(IdConflict):  # within a tenant the id is still an idempotency key
+    with pytest.raises(IdConflict, match=r"request id 'x' already") as e:  # within a tenant: still a key
         acme.submit({**ROW, "text": "changed", "id": "x"})
+    assert e.value.ids == ["x"]  # the caller's ids, not the wire's
 
 
 def test_a_tenants_id_limit_and_names(redis):
