@@ -89,6 +89,3 @@ class IdConflict(Vela2Error, ValueError):
     def __init__(self, message: str, ids: list[str] | None = None):
         super().__init__(message)
         self.ids = ids or []
-
-    def __reduce__(self):  # picklable with its ids (it may cross a process pipe)
-        return (type(self), (str(self), self.ids))

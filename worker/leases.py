@@ -10,7 +10,7 @@ never re-added). A dead worker stops renewing, and its messages come back one vi
 later; a stalled engine (no turn for a whole visibility timeout, e.g. a hung device) stops renewing
 too, so its messages go to a live worker.
 
-The same thread beats every HEARTBEAT_S into `keys.workers_key(model)` (a sorted set: worker id
+The same thread beats every keys.HEARTBEAT_S into `keys.workers_key(model)` (a sorted set: worker id
 -> unix time) while the engine makes progress, so `vela2 http`'s /readyz knows whether a live
 worker serves the model; a stalled engine stops beating as it stops renewing.
 """
@@ -28,7 +28,6 @@ from vela2.wire import keys
 log = logging.getLogger(__name__)
 
 _MAX_INTERVAL_S = 30.0  # renew at least this often, however long the visibility timeout
-HEARTBEAT_S = keys.HEARTBEAT_S
 _CHUNK = 1000  # tags per ZADD
 
 
@@ -82,7 +81,7 @@ class Leases:
         now = time.time()
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.workers_key(model), {worker_id: now})
-        pipe.zremrangebyscore(keys.workers_key(model), "-inf", now - 60 * HEARTBEAT_S)
+        pipe.zremrangebyscore(keys.workers_key(model), "-inf", now - 60 * keys.HEARTBEAT_S)
         pipe.execute()
 
     def stalled(self) -> bool:
@@ -105,7 +104,7 @@ class Leases:
 
     def _run(self) -> None:
         warned = False
-        tick = min(self.interval_s, HEARTBEAT_S) if self.heartbeat is not None else self.interval_s
+        tick = min(self.interval_s, keys.HEARTBEAT_S) if self.heartbeat is not None else self.interval_s
         next_renew = self.clock() + self.interval_s
         self._beat_safely()
         while not self._stop.wait(tick):

@@ -42,7 +42,7 @@ def request_id(obj: Any) -> str:
         if isinstance(rid, str) and rid:
             return rid
         if "model" in obj and "tasks" in obj and "input" in obj:  # SystemOne (vela2.systemone.is_system_one)
-            return content_id({k: v for k, v in obj.items() if k != "id"})
+            return request_digest(obj)  # its content without the (empty or absent) id
         return content_id(obj)
     return content_id(repr(obj))
 
