@@ -681,6 +681,8 @@ def run_cpu(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     t_start = _now()
     base = {"device": "cpu", "precision": "fp32", "max_batch_tokens": args.max_batch_tokens,
             "max_wait_ms": args.max_wait_ms, "max_buffered": args.max_buffered, "render_threads": args.render_threads}
+    if args.cpu_processes is not None:
+        base["cpu_processes"] = args.cpu_processes
     models = {}
     for kind in args.models:
         ckpt, extra = cpu_checkpoint(kind, Path(args.cache_dir))
@@ -803,7 +805,9 @@ def cpu_notes(ratio: float, ours: dict[str, Any], plain: dict[str, Any], profile
         "Both sides run on the same redis-server in the same run, phases alternating; each side's best "
         f"of {args.repeats} round(s) counts. Times run from the first submit to the last result seen by the client.",
         f"Ours: {args.ours_workers} worker process(es) (solo pool; the engine thread drives the model, "
-        f"{args.render_threads} render thread(s) render / decode), {args.chunk_size} rows per message, results "
+        + (f"{args.cpu_processes} render / decode process(es)" if args.cpu_processes
+           else f"{args.render_threads} render thread(s) render / decode")
+        + f"), {args.chunk_size} rows per message, results "
         "written in pipelined batches.",
         f"Plain Celery: pool {args.celery_pool} x{args.celery_concurrency}; one message and one result "
         "(SET + PUBLISH) per row; the client waits on the result backend's pub/sub.",
@@ -1202,6 +1206,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cpu.add_argument("--torch-threads", type=int, default=1,
                      help="OMP_NUM_THREADS of the vela2 workers (0 = torch's default, all cores)")
     cpu.add_argument("--profile", action="store_true", help="sample the vela2 worker's thread stacks into the JSON")
+    cpu.add_argument("--cpu-processes", type=int, default=None,
+                     help="the vela2 workers' render / decode processes (worker setting cpu_processes; default: "
+                          "its auto, none on a CPU: render threads)")
     gpu = sub.add_parser("gpu", help="engine alone vs the queue path, and online latency (GPU)")
     _common(gpu)
     _model_args(gpu)

@@ -53,6 +53,11 @@ class SpanHead(nn.Module):
         return (self.word(words) @ self.label(labels).T) * self.scale + self.bias
 
 
+# tree_mask folds (segment, part) into one int64 per token: segment * _GROUP_STRIDE + part. Parts are
+# question blocks (at most LIMITS.max_questions), far below the stride; segments are sequence numbers.
+_GROUP_STRIDE = 1 << 24
+
+
 def tree_mask(parts: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean attention mask (True = attend) for a batch of rendered sequences.
 
@@ -63,17 +68,23 @@ def tree_mask(parts: torch.Tensor, segments: torch.Tensor | None = None) -> torc
     Padding queries see only themselves: a fully masked row would give NaN under sdpa, and NaN
     values would leak into real rows through 0 * NaN. No real token ever sees padding.
     Returns (B, 1, L, L).
+
+    Each token gets one group id, (segment, part); a key is visible to a query iff it is not later
+    and its group is the query's own group or its segment's context group (part 0). Padding keys
+    and queries get ids that match nothing. That is three passes over the (B, L, L) mask (two
+    comparisons and the causal AND) instead of one per rule: on a CPU worker the mask of a batch
+    of short rows cost more than the model's forward.
     """
     B, L = parts.shape
-    idx = torch.arange(L, device=parts.device)
-    causal = idx[None, :] <= idx[:, None]  # (L, L): key j <= query i
-    key = parts[:, None, :]  # (B, 1, L)
-    query = parts[:, :, None]  # (B, L, 1)
-    visible = (key == 0) | (key == query)  # (B, L, L)
-    if segments is not None:
-        visible &= segments[:, None, :] == segments[:, :, None]
-    mask = causal[None] & visible & (key >= 0) & (query >= 0)
-    mask |= torch.eye(L, dtype=torch.bool, device=parts.device)[None] & (query < 0)
+    pad = parts < 0  # (B, L)
+    seg = segments * _GROUP_STRIDE if segments is not None else torch.zeros_like(parts)
+    key = (seg + parts).masked_fill(pad, -1)[:, None, :]  # (B, 1, L)
+    own = (seg + parts).masked_fill(pad, -2)[:, :, None]  # (B, L, 1)
+    ctx = seg.masked_fill(pad, -2)[:, :, None]  # (B, L, 1): the query's context group
+    mask = key == own  # (B, L, L)
+    mask |= key == ctx
+    mask &= torch.ones(L, L, dtype=torch.bool, device=parts.device).tril_()  # key j <= query i
+    mask.diagonal(dim1=1, dim2=2).logical_or_(pad)  # padding queries see themselves
     return mask[:, None]
 
 

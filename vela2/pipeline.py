@@ -317,21 +317,20 @@ def _option_answer(model: Vela2Model, prep: Prepared, q: int, task: str, logits:
     kind, _ = split_task(task)
     options = prep.row.questions[q].options or []
     cal = model.calibration
-    answer = Answer(question=q, task=task, probs={})
+    fields: dict[str, Any] = {}  # built first: the Answer is validated once, not on every assignment
     if kind == "set":
         probs = sigmoid(logits.astype(np.float64) / cal.T_set)
         thr = cal.set_threshold(task)
-        answer.decision = [o for o, p in zip(options, probs, strict=True) if p >= thr]
+        fields["decision"] = [o for o, p in zip(options, probs, strict=True) if p >= thr]
     else:
         probs, abstain = choice_probs(logits, cal.temperature(task), len(options))
-        answer.decision = options[int(np.argmax(probs))]
-        answer.abstain_probability = abstain
+        fields["decision"] = options[int(np.argmax(probs))]
+        fields["abstain_probability"] = abstain
         if kind == "score":
-            answer.expected = expected_value(options, probs)
-    answer.probs = {o: float(p) for o, p in zip(options, probs, strict=True)}
+            fields["expected"] = expected_value(options, probs)
     if prep.row.logits:
-        answer.logits = [float(x) for x in logits]
-    return answer
+        fields["logits"] = logits.tolist()
+    return Answer(question=q, task=task, probs=dict(zip(options, probs.tolist(), strict=True)), **fields)
 
 
 def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings: dict[str, float]) -> RowResult:

@@ -52,6 +52,11 @@ def unicode_problem(obj: Any) -> str | None:
     ``questions[0].options[1] is not valid Unicode (lone surrogate at index 3)``.
     Every string of a request must be valid Unicode: tokenizers, JSON results and Redis keys need it.
     """
+    try:  # the common case in one C pass: a JSON-able value whose text UTF-8 encodes has no such string
+        json.dumps(obj, ensure_ascii=False, check_circular=False).encode("utf-8")
+        return None
+    except (TypeError, ValueError, RecursionError):  # a lone surrogate, or not JSON: find the place below
+        pass
     stack: list[tuple[str, Any]] = [("", obj)]
     while stack:
         path, value = stack.pop()

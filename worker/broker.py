@@ -6,12 +6,13 @@ is lost when Redis refuses writes (full under noeviction) or goes away mid-deliv
   index under a fresh tag, in one round trip. Where kombu sends BRPOP, the channel sends that
   script; when it finds nothing, the channel blocks with `BLMOVE q q LEFT LEFT` on the first list
   (a no-op move that only waits for an item) and takes again when it returns — so an arrival on
-  the first list (online, priority 0) is taken at once and one on any other list within
-  `brpop_timeout` (1 s). A message is never in neither the queue nor `unacked`: not when the worker
-  dies, and not when Redis exits between a pop and its reply (which lost BRPOP's messages). While
-  Redis is full (noeviction) a take still moves items into `unacked` whole (see vela2.wire.taking);
-  results and acks then wait, logging once per interval and setting
-  `vela2_redis_write_blocked_seconds` (worker.retry).
+  the first list (online, priority 0) is taken at once and one on any other list (backfill) within
+  OTHER_LISTS_WAIT_S (50 ms: one command blocks on one list only, so an idle worker looks at the
+  others 20 times a second; Redis serves such an empty take in microseconds). A message is never
+  in neither the queue nor `unacked`: not when the worker dies, and not when Redis exits between
+  a pop and its reply (which lost BRPOP's messages). While Redis is full (noeviction) a take still
+  moves items into `unacked` whole (see vela2.wire.taking); results and acks then wait, logging
+  once per interval and setting `vela2_redis_write_blocked_seconds` (worker.retry).
 - A restore (warm shutdown, a timed-out delivery) puts the held item back, byte for byte, on the
   list it came from, in one script.
 - Every taken item is looked at before kombu parses it (vela2.wire.messages.triage): anything that
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 _BINDING_REFUSED: tuple[type[Exception], ...] = (*REFUSED_ERRORS, redis.exceptions.ExecAbortError)
 TAKE_MAX = 64  # items one take may return (fewer when the QoS credit is lower)
 _REFUSED_PAUSE_S = 0.5  # after Redis refused a take (full), the next one waits this long
+# Longest wait on the first list before the next take looks at the others too: a bulk job's first
+# messages on the backfill queue waited up to kombu's brpop_timeout (1 s) for an idle worker.
+OTHER_LISTS_WAIT_S = 0.05
 
 
 # Tags whose held records the engine removed itself (release_held: one round trip for every message
@@ -118,7 +122,10 @@ class TolerantChannel(kombu_redis.Channel):
             return  # the poller calls again on its next turn
         lists = self._take_lists(queues)
         if self._wait_next:
-            args: tuple[Any, ...] = ("BLMOVE", lists[0], lists[0], "LEFT", "LEFT", timeout or self.brpop_timeout or 1)
+            wait = timeout or self.brpop_timeout or 1
+            if len(lists) > 1:
+                wait = min(wait, OTHER_LISTS_WAIT_S)
+            args: tuple[Any, ...] = ("BLMOVE", lists[0], lists[0], "LEFT", "LEFT", wait)
         else:
             credit = self.qos.can_consume_max_estimate()
             args = self._take_args(lists, TAKE_MAX if credit is None else max(1, min(TAKE_MAX, credit)))

@@ -72,6 +72,7 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
     """(child) Render and decode what arrives, until the pipe closes."""
     import vela2.pipeline as pipeline
     from vela2 import systemone
+    from vela2.wire.messages import request_digest
 
     lite = ModelFiles(checkpoint, model_name)
     held: dict[int, tuple[Any, Any]] = {}
@@ -88,6 +89,7 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
             try:
                 if op == "render":
                     (obj,) = payload
+                    digest = request_digest(obj)  # hashed here, off the engine's thread
                     parsed = None
                     if systemone.is_system_one(obj):
                         parsed = systemone.parse_request(obj)
@@ -97,8 +99,8 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
                     held[key] = (prep, parsed)
                     if len(held) > HELD_MAX:
                         held.pop(next(iter(held)))
-                    replies.append(("ok", op, key, (Rendered(prep.sequences, prep.render_ms, prep.row.task), None),
-                                    time.thread_time() - c0))
+                    rendered = Rendered(prep.sequences, prep.render_ms, prep.row.task)
+                    replies.append(("ok", op, key, (rendered, None, digest), time.thread_time() - c0))
                 elif op == "decode":
                     outputs, timings = payload
                     prep, parsed = held.pop(key)

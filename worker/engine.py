@@ -113,11 +113,12 @@ class _Request:
     closed: bool = False  # a result exists (or is being decoded); nothing more to run
     key: int = 0  # its number in this engine (the key of its work in the CPU processes)
     decoding: bool = False  # its outputs went to a CPU process to be decoded
+    rendered_digest: str | None = None  # its digest, computed where it was rendered (off this thread)
 
     @property
     def digest(self) -> str:
         """Its content digest, stored with its answer (an id reused for other content conflicts)."""
-        return request_digest(self.obj)
+        return self.rendered_digest or request_digest(self.obj)
 
 
 @dataclass(eq=False)
@@ -497,15 +498,17 @@ class Engine:
         self._to_dead.append((msg, token, entry))
         self.stats.dead_lettered += 1
 
-    def _prepare(self, req: _Request) -> tuple[Any, Any]:
-        """(CPU thread) validate + render one request -> (Prepared, parsed SystemOne or None)."""
+    def _prepare(self, req: _Request) -> tuple[Any, Any, str]:
+        """(CPU thread) validate + render one request -> (Prepared, parsed SystemOne or None, its
+        content digest: hashing its canonical JSON costs the engine thread nothing here)."""
         c0 = time.thread_time()
         try:
             if systemone.is_system_one(req.obj):
                 parsed = systemone.parse_request(req.obj)
                 systemone.check_model(parsed, self.model.name)
-                return self.pipeline.prepare(self.model, systemone.to_row(parsed, self.model.calibration)), parsed
-            return self.pipeline.prepare(self.model, req.obj), None
+                prep = self.pipeline.prepare(self.model, systemone.to_row(parsed, self.model.calibration))
+                return prep, parsed, request_digest(req.obj)
+            return self.pipeline.prepare(self.model, req.obj), None, request_digest(req.obj)
         finally:
             self.stats.charge("render", time.thread_time() - c0)
 
@@ -546,7 +549,7 @@ class Engine:
         if req.closed:
             return
         try:
-            prep, parsed = fut.result()
+            prep, parsed, req.rendered_digest = fut.result()
         except Exception as e:
             if not isinstance(e, Vela2Error):
                 log.exception("rendering %s failed", req.rid)

@@ -94,6 +94,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.row_tokens = row_tokens
         self.server: Any = None  # the metrics HTTP server once serve() ran
+        self._children: dict[tuple[int, str], Any] = {}  # see _child
         r = self.registry
         self.requests = Counter("vela2_requests", "Results stored, by status (ok, error, expired)", ["status"],
                                 registry=r)
@@ -141,11 +142,20 @@ class Metrics:
 
     def observe_result(self, status: str, reason: str | None, timings: dict[str, float] | None) -> None:
         """One stored result; `reason` = error.type of a failed one; timings in ms by stage."""
-        self.requests.labels(status).inc()
+        self._child(self.requests, status).inc()
         if reason:
             self.failures.labels(reason).inc()
         for stage, ms in (timings or {}).items():
-            self.duration.labels(stage.removesuffix("_ms")).observe(ms / 1e3)
+            self._child(self.duration, stage).observe(ms / 1e3)
+
+    def _child(self, metric: Any, key: str) -> Any:
+        """The labelled child of `metric` for `key` (a status, or a stage's `*_ms` timing name),
+        looked up once: `labels()` validates and locks on every call, and the engine thread
+        observes every result (several timings each)."""
+        child = self._children.get((id(metric), key))
+        if child is None:
+            child = self._children[(id(metric), key)] = metric.labels(key.removesuffix("_ms"))
+        return child
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         """Expose the metrics on http://<host>:<port>/metrics (a daemon thread)."""

@@ -166,6 +166,38 @@ def test_a_waiting_consumer_takes_what_arrives_and_the_credit_bounds_a_take(r, r
     assert {json.loads(x)["headers"]["id"] for x in r.lrange(Q, 0, -1)} == {f"c-{i}" for i in range(6)}
 
 
+def test_an_idle_consumer_waits_on_the_online_list_at_most_other_lists_wait(r, redis_url, monkeypatch):
+    # one command blocks on one list only: an idle consumer's wait on the online list must end every
+    # OTHER_LISTS_WAIT_S so that a backfill arrival is taken then, not after kombu's brpop_timeout (1 s)
+    from worker import broker
+
+    sent: list[tuple] = []
+    got: list = []
+    queues = [Queue(q, routing_key=q) for q in keys.queues("m")]
+    with _connection(redis_url) as conn, Consumer(conn, queues=queues, accept=None,
+                                                  callbacks=[lambda body, m: (got.append(m), m.ack())]):
+        real_send = redis_lib.connection.Connection.send_command
+        monkeypatch.setattr(redis_lib.connection.Connection, "send_command",
+                            lambda self, *a, **kw: (sent.append(a), real_send(self, *a, **kw))[1])
+        deadline = time.monotonic() + 10
+        while sum(a[0] == "BLMOVE" for a in sent) < 2:  # idle: it took nothing and waited, twice
+            assert time.monotonic() < deadline, f"no wait seen in {[a[0] for a in sent]}"
+            try:
+                conn.drain_events(timeout=0.2)
+            except TimeoutError:
+                pass
+        waits = [a for a in sent if a[0] == "BLMOVE"]
+        assert all(a[1] == Q and a[-1] == broker.OTHER_LISTS_WAIT_S for a in waits)
+        _publish(r, "late-backfill", keys.backfill_queue("m"))
+        while not got:
+            assert time.monotonic() < deadline, "the backfill arrival was never taken"
+            try:
+                conn.drain_events(timeout=0.2)
+            except TimeoutError:
+                pass
+    assert [m.headers["id"] for m in got] == ["late-backfill"]
+
+
 def test_a_record_kombu_wrote_itself_is_still_restored(r, redis_url):
     payload = json.loads(build_message([ROW], Q, message_id="old-1").payload)
     r.hset(keys.UNACKED_KEY, "kombu-tag", json.dumps([payload, "", Q]))

@@ -13,6 +13,7 @@ import pytest
 from bench.queue_bench import short_rows
 from vela2.errors import ModelError
 from vela2.pipeline import run_batch
+from vela2.wire.messages import request_digest
 from worker.cpu_procs import CpuProcesses, Rendered
 
 
@@ -49,9 +50,10 @@ def test_rows_rendered_and_decoded_in_processes_equal_the_same_steps_in_process(
     timings = {"queue_ms": 1.0, "model_ms": 2.0}
     for k, row in enumerate(rows, 1):
         op, fut, cpu_s = rendered[k]
-        prep, parsed = fut.result()
+        prep, parsed, digest = fut.result()
         here = prepare(demo_model, row)
         assert op == "render" and isinstance(prep, Rendered) and parsed is None and cpu_s > 0
+        assert digest == request_digest(row)  # hashed in the process, as the engine would
         assert [s.input_ids for s in prep.sequences] == [s.input_ids for s in here.sequences]
         outputs[k] = run_batch(demo_model, prep.sequences, "fp32")
         p.decode(k, outputs[k], timings)
