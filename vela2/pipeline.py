@@ -238,6 +238,8 @@ def merge_span_windows(rendered: RenderedRow, outputs: list[SeqOutput], question
     """
     n_words = rendered.num_words
     first = outputs[0].spans[question]
+    if len(outputs) == 1:  # one window holds every word (nearly every row): nothing to merge
+        return first.astype(np.float32, copy=False)
     merged = np.zeros((n_words, first.shape[1]), dtype=np.float32)
     best = np.full(n_words, -1.0)
     for seq, out in zip(rendered.sequences, outputs, strict=True):
@@ -265,6 +267,8 @@ def check_finite(outputs: list[SeqOutput]) -> None:
 
 def pool_option_windows(outputs: list[SeqOutput], question: int) -> np.ndarray:
     """Option logits of a question pooled over windows: the mean of the windows' raw logits."""
+    if len(outputs) == 1:
+        return outputs[0].options[question]
     return np.mean(np.stack([o.options[question] for o in outputs]), axis=0)
 
 
