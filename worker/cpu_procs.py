@@ -73,8 +73,10 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
     import vela2.pipeline as pipeline
     from vela2 import systemone
     from vela2.wire.messages import request_digest
+    from worker.startup import freeze_startup_objects
 
     lite = ModelFiles(checkpoint, model_name)
+    freeze_startup_objects()  # the rows it holds rendered set off full collections too
     held: dict[int, tuple[Any, Any]] = {}
     while True:
         try:

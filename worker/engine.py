@@ -66,6 +66,10 @@ RECENT_BATCHES = 256  # batches EngineStats.recent keeps
 # events one turn takes: a flood of deliveries (2,048 one-row messages at once) is taken over several
 # turns, so rendered rows launch a batch between them (on the H200 the first batch waited 0.8 s)
 TURN_EVENTS = 512
+# requests one turn opens at most: the rest of its deliveries wait for the next turn (a batch may
+# launch between). On the H200, 16-row messages flooding in as 512 events a turn (8,192 rows opened
+# in one turn, ~0.4 s) held the second batch back while the device idled.
+TURN_REQUESTS = 512
 INTAKE_SLICE = 256  # requests opened before they are checked for duplicates and sent to render
 MAX_IN_FLIGHT = 2  # batches handed to the device at once: the running one and the next
 RECENT_FIELDS = ("launched", "device_start", "device_end", "sequences", "tokens", "waiting", "rendering", "held")
@@ -246,6 +250,7 @@ class Engine:
         self._quarantine: dict[_Request, list[_Seq]] = {}  # suspects waiting to run alone, oldest first
         self._dead_key = keys.dead_letter(getattr(model, "name", None) or "unknown")
         self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._backlog: deque[Delivery] = deque()  # taken deliveries not opened yet (TURN_REQUESTS)
         self._messages: set[_Message] = set()
         self._to_store: list[tuple[_Message, str, dict[str, Any], str]] = []  # (message, id, meta, status)
         self._to_dead: list[tuple[_Message, str, str]] = []  # (message, pending token, dead-letter entry)
@@ -315,7 +320,8 @@ class Engine:
             try:
                 self.progress = self.clock()
                 self._turn(0.0 if ran_batch else self._wait_s())
-                if self._stopping and (not self._messages or self.clock() >= self._stop_deadline):
+                if self._stopping and ((not self._messages and not self._backlog)
+                                       or self.clock() >= self._stop_deadline):
                     if self._events.empty():
                         break
                     continue
@@ -328,7 +334,7 @@ class Engine:
         self._return_all()
 
     def _wait_s(self) -> float:
-        if self._to_ack:
+        if self._to_ack or self._backlog:
             return 0.0
         if self._to_store:
             return max(0.0, min(_IDLE_WAIT_S, self._store_after - self.clock()))
@@ -358,11 +364,10 @@ class Engine:
                 events.append(self._events.get_nowait())
             except queue.Empty:
                 break
-        deliveries = []
         c0 = time.thread_time()
         for kind, *payload in events:
             if kind == "delivery":
-                deliveries.append(payload[0])
+                self._backlog.append(payload[0])
             elif kind == "prepared":
                 self._on_prepared(*payload)
             elif kind == "finished":
@@ -372,9 +377,9 @@ class Engine:
             elif kind == "ran":
                 self._on_ran(*payload)
         self.stats.charge("events", time.thread_time() - c0)  # rendered rows, outputs, decoded results
-        if deliveries:
+        if self._backlog:
             c0 = time.thread_time()
-            self._intake(deliveries)
+            self._intake()
             self.stats.charge("intake", time.thread_time() - c0)
         c0 = time.thread_time()
         self._flush_results()
@@ -387,15 +392,21 @@ class Engine:
 
     # --- intake -------------------------------------------------------------------------------
 
-    def _intake(self, deliveries: list[Delivery]) -> None:
-        """Open a turn's messages and start their requests, INTAKE_SLICE requests at a time: a flood
-        (thousands of rows after a pause) starts rendering after its first slice, not its last."""
+    def _intake(self) -> None:
+        """Open waiting deliveries, at most TURN_REQUESTS requests a turn (each message whole), and
+        start their requests INTAKE_SLICE at a time: a flood (thousands of rows after a pause)
+        starts rendering after its first slice, not its last, and a batch launches between turns."""
         fresh: list[_Request] = []
-        for d in deliveries:
+        opened = 0
+        while self._backlog and opened < TURN_REQUESTS:
+            d = self._backlog.popleft()
             try:
-                fresh.extend(self._open_message(d))
+                got = self._open_message(d)
             except Exception:  # a bug must not strand this turn's other deliveries
                 log.exception("opening a message failed; it stays unacked and comes back after the visibility timeout")
+                got = []
+            fresh.extend(got)
+            opened += max(1, len(got))
             if len(fresh) >= INTAKE_SLICE:
                 self._admit(fresh)
                 fresh = []
@@ -959,8 +970,16 @@ class Engine:
             d.ack()
 
     def _return_all(self) -> None:
-        """Give every message not yet acked back to its queue (warm stop ran out of time). Their
-        attempts are uncounted: a request handed back alive is no suspect."""
+        """Give every message not yet acked back to its queue (warm stop ran out of time), the
+        deliveries never opened too. Their attempts are uncounted: a request handed back alive is
+        no suspect."""
+        while self._backlog:
+            d = self._backlog.popleft()
+            self.stats.messages_returned += 1
+            try:
+                d.reject(True)
+            except Exception as e:
+                log.error("returning a message failed: %s", e)
         returned = [rid for msg in self._messages if not msg.finalized for rid in msg.pending]
         self._attempts.give_back(returned)
         for msg in list(self._messages):

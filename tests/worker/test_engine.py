@@ -521,7 +521,8 @@ def test_a_flood_of_requests_is_sent_to_render_a_slice_at_a_time(redis):
     assert 200 < INTAKE_SLICE < 400
     chunks = [[row(f"m{m}-{i}") for i in range(200)] for m in range(3)]
     chunks[2][0] = row("m0-0")  # a duplicate of the first message's first row
-    engine._intake([broker.delivery(c, chunk=True) for c in chunks])
+    engine._backlog.extend(broker.delivery(c, chunk=True) for c in chunks)
+    engine._intake()
     assert cpu.flushed_at == [400, 599]  # after two whole messages, then the rest
     assert len(cpu.rendered) == len(set(cpu.rendered)) == 599
     (follower,) = engine._followers["m0-0"]
@@ -544,6 +545,39 @@ def test_a_turn_takes_at_most_turn_events_and_leaves_the_rest_queued(redis):
     assert len(cpu.rendered) == TURN_EVENTS and engine._events.qsize() == 100
     engine._turn(0.0)
     assert len(cpu.rendered) == n and engine._events.qsize() == 0
+
+
+def test_a_turn_opens_at_most_turn_requests_and_the_rest_waits_for_the_next(redis):
+    """Multi-row messages flooding in: a turn opens whole messages until TURN_REQUESTS requests,
+    the other deliveries wait (unopened) for the next turn, so a batch can launch between."""
+    from worker.engine import TURN_REQUESTS
+
+    cpu = RecordingCpu()
+    engine = Engine(SimpleNamespace(name="fake", calibration=Calibration()), ResultStore(redis, ttl_s=600),
+                    EngineSettings(max_batch_tokens=1024, max_wait_ms=5.0), pipeline=FakePipeline(), cpu=cpu)
+    broker = Broker(redis)
+    per = 100
+    n_messages = TURN_REQUESTS // per + 3
+    for m in range(n_messages):
+        engine.submit(broker.delivery([row(f"f{m}-{i}") for i in range(per)], chunk=True))
+    engine._turn(0.0)
+    first = -(-TURN_REQUESTS // per)  # whole messages up to the bound
+    assert len(cpu.rendered) == first * per and len(engine._backlog) == n_messages - first
+    assert engine._wait_s() == 0.0  # the next turn comes at once
+    engine._turn(0.0)
+    assert len(cpu.rendered) == n_messages * per and not engine._backlog
+
+
+def test_a_stop_gives_back_deliveries_never_opened(redis):
+    engine = Engine(SimpleNamespace(name="fake", calibration=Calibration()), ResultStore(redis, ttl_s=600),
+                    EngineSettings(max_batch_tokens=1024, max_wait_ms=5.0), pipeline=FakePipeline())
+    broker = Broker(redis)
+    rejected: list[bool] = []
+    d = broker.delivery([row("never-opened")])
+    d.reject = rejected.append
+    engine._backlog.append(d)
+    engine._return_all()
+    assert rejected == [True] and not engine._backlog and engine.stats.messages_returned == 1
 
 
 def test_every_stored_answer_carries_its_requests_content_digest(redis):
