@@ -365,6 +365,7 @@ class Engine:
             except queue.Empty:
                 break
         c0 = time.thread_time()
+        ran: set[_Request] = set()  # requests of batches that came back this turn
         for kind, *payload in events:
             if kind == "delivery":
                 self._backlog.append(payload[0])
@@ -375,8 +376,17 @@ class Engine:
             elif kind == "cpu":
                 self._on_cpu(*payload)
             elif kind == "ran":
-                self._on_ran(*payload)
+                ran |= self._on_ran(*payload)
         self.stats.charge("events", time.thread_time() - c0)  # rendered rows, outputs, decoded results
+        if ran:
+            # The device has room: its next batch goes first, then this batch's rows to decoding
+            # (shipping a long row's span logits to a decode process took ~0.1 s while the device
+            # idled). Suspects wait for the loop: they run once everything counted is stored.
+            if not self._quarantine:
+                self._maybe_run_batch()
+            c0 = time.thread_time()
+            self._finish_done(ran)
+            self.stats.charge("events", time.thread_time() - c0)
         if self._backlog:
             c0 = time.thread_time()
             self._intake()
@@ -629,17 +639,18 @@ class Engine:
         self.stats.charge(self.device.stage, ran.cpu_s)
         self.stats.ran(record, ran.start, ran.end)
 
-    def _on_ran(self, items: list[_Seq], t0: float, fut: Future) -> None:
-        """A batch is back from the device: its outputs, or (it raised) its halves to run next."""
+    def _on_ran(self, items: list[_Seq], t0: float, fut: Future) -> set[_Request]:
+        """A batch is back from the device: its outputs, or (it raised) its halves to run next.
+        Returns its requests (the caller sends those whose sequences all ran to decoding)."""
         self._in_flight = [b for b in self._in_flight if b is not items]
         self.progress = self.clock()
         try:
             outs = _checked(items, fut.result().outputs)
         except Exception as e:
             self._retry += self._raised(items, e)
-            return
+            return set()
         self._apply(items, outs, (self.clock() - t0) * 1e3)
-        self._finish_done({it.req for it in items})
+        return {it.req for it in items}
 
     def _raised(self, items: list[_Seq], e: Exception) -> list[list[_Seq]]:
         """A batch raised: a sequence alone fails only its row; a larger batch gives its two halves

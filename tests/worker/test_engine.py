@@ -6,6 +6,7 @@ import base64
 import json
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -545,6 +546,63 @@ def test_a_turn_takes_at_most_turn_events_and_leaves_the_rest_queued(redis):
     assert len(cpu.rendered) == TURN_EVENTS and engine._events.qsize() == 100
     engine._turn(0.0)
     assert len(cpu.rendered) == n and engine._events.qsize() == 0
+
+
+class OrderLog:
+    """A device and CPU processes that log, in one list, each batch handed over and each decode."""
+
+    stage = "device_thread"
+
+    def __init__(self):
+        self.log: list[tuple[str, Any]] = []
+        self.futures: list[Future] = []
+        self.on_done = None
+
+    def submit(self, seqs):  # the device
+        self.log.append(("launch", len(seqs)))
+        self.futures.append(Future())
+        return self.futures[-1]
+
+    def close(self):
+        pass
+
+    def render(self, key, obj):  # the CPU processes: every row renders at once
+        fut: Future = Future()
+        fut.set_result((FakePipeline().prepare(None, obj), None, "digest"))
+        self.on_done("render", key, fut, 0.0)
+
+    def decode(self, key, outputs, timings):
+        self.log.append(("decode", key))
+
+    def drop(self, key):
+        pass
+
+    def flush(self):
+        pass
+
+
+def test_a_batch_back_from_the_device_lets_the_next_launch_before_its_rows_go_to_decoding(redis):
+    """The device must not idle while the engine ships a finished batch's outputs to decoding."""
+    from worker.device import Ran
+    from worker.engine import MAX_IN_FLIGHT
+
+    fake = OrderLog()
+    engine = Engine(SimpleNamespace(name="fake", calibration=Calibration()), ResultStore(redis, ttl_s=600),
+                    EngineSettings(max_batch_tokens=200, max_wait_ms=0.0), pipeline=FakePipeline(), cpu=fake,
+                    device=fake)
+    broker = Broker(redis)
+    for i in range(4 * MAX_IN_FLIGHT):  # 20 tokens each: 10 per full batch
+        engine.submit(broker.delivery([row(f"o{j}-{i}") for j in range(10)], chunk=True))
+    engine._turn(0.0)  # opened and rendered
+    engine._turn(0.0)  # the rendered rows into buckets
+    while engine._maybe_run_batch():
+        pass
+    assert [k for k, _ in fake.log] == ["launch"] * MAX_IN_FLIGHT
+    first = engine._in_flight[0]
+    fake.futures[0].set_result(Ran([("out", it.seq.row_id, it.seq.window) for it in first], 0.0, 0.1, 0.0))
+    engine._turn(0.0)
+    after = [k for k, _ in fake.log[MAX_IN_FLIGHT:]]
+    assert after[0] == "launch" and after[1:] == ["decode"] * len(first)
 
 
 def test_a_turn_opens_at_most_turn_requests_and_the_rest_waits_for_the_next(redis):
