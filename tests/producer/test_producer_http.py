@@ -146,13 +146,13 @@ def test_refusals_are_4xx_with_clear_messages_and_nothing_is_queued(redis_url, r
 
 def test_pending_expired_and_worker_failures_map_to_status_codes(redis_url, redis_server, http_server, fake_worker):
     worker = fake_worker()
-    worker.go.clear()
+    worker.pause()
     base = http_server(redis_url)
     with httpx.Client(base_url=base, timeout=30) as http:
         r = http.post("/v1/system_one", json={**REQUEST, "id": "exp"}, params={"wait_s": 0.2, "deadline_s": 0.05})
         assert r.status_code == 202  # no worker took it yet
         assert http.get("/v1/results/exp").status_code == 202  # pending, not unknown
-        worker.go.set()
+        worker.resume()
         for _ in range(600):
             r = http.get("/v1/results/exp")
             if r.status_code != 202:
