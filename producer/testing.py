@@ -323,8 +323,11 @@ class FakeWorker:
         self.stop()
 
     def pause(self) -> None:
-        """Take nothing more until `resume()` (the queues fill up, as behind a busy worker)."""
+        """Take nothing more until `resume()` (the queues fill up, as behind a busy worker); a
+        message the thread took before the call is still answered."""
         self._go.clear()
+        with self.lock:  # a take in progress ends first (and gives back what arrived after the call)
+            pass
 
     def resume(self) -> None:
         """Take messages again after `pause()`."""
@@ -355,6 +358,9 @@ class FakeWorker:
             try:
                 with self.lock:
                     taken = self.redis.brpop(self.queues, timeout=_TAKE_WAIT_S)
+                    if taken is not None and not self._go.is_set():  # paused while it waited: put it back
+                        self.redis.rpush(*taken)
+                        taken = None
                     answered = self._answer_item(*taken) if taken is not None else None
             except redis_lib.exceptions.ConnectionError:  # Redis restarting (BusyLoadingError included)
                 self.redis_errors += 1
