@@ -179,3 +179,23 @@ def test_a_plugin_parses_its_own_flags_and_reports_errors_as_the_cli_does(tmp_pa
     with pytest.raises(SystemExit) as e:
         main(["worker", "--max-wait-ms", "soon"])
     assert e.value.code == 2 and "--max-wait-ms must be a number; got 'soon'" in capsys.readouterr().err
+
+
+def test_predict_defaults_to_the_workers_precision(demo_dir, demo_model, tmp_path):
+    """One default on every path (vela2.config.default_precision): fp32 on a CPU for `vela2 predict`,
+    vela2.predict() and the worker alike, bf16 on CUDA."""
+    from vela2.cli import build_parser
+    from vela2.config import default_precision
+
+    assert (default_precision("cpu"), default_precision("cuda:0")) == ("fp32", "bf16")
+    for command in ("predict", "calibrate"):
+        assert build_parser().parse_args([command, "--checkpoint", "c", "f"]).precision is None
+    def untimed(results: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "timings"} for r in results]
+
+    lines = [json.dumps(ROW), json.dumps(SPAN_ROW), json.dumps(S1)]
+    default = untimed(run_predict(demo_dir, tmp_path, lines))
+    assert default == untimed(run_predict(demo_dir, tmp_path, lines, "--precision", "fp32"))
+    assert default != untimed(run_predict(demo_dir, tmp_path, lines, "--precision", "bf16"))
+    got = untimed([r.to_json_dict() for r in vela2.predict(demo_model, [ROW, SPAN_ROW])])
+    assert got == untimed([r.to_json_dict() for r in vela2.predict(demo_model, [ROW, SPAN_ROW], precision="fp32")])
