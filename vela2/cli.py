@@ -20,6 +20,24 @@ from vela2.config import DEFAULT_MAX_BATCH_TOKENS, PRECISIONS, default_precision
 from vela2.errors import InvalidRequest, Vela2Error
 
 PLUGIN_GROUP = "vela2.commands"
+# The extra (pyproject.toml) that installs each optional top-level module: a command that misses one
+# says which extra to install, in one line, instead of a traceback.
+EXTRA_OF_MODULE = {
+    **dict.fromkeys(("torch", "transformers", "tokenizers", "safetensors"), "model"),
+    **dict.fromkeys(("celery", "kombu", "billiard", "prometheus_client"), "worker"),
+    **dict.fromkeys(("fastapi", "uvicorn", "starlette"), "producer"),
+    **dict.fromkeys(("fakeredis", "lupa"), "testing"),
+}
+
+
+def missing_extra(e: ImportError) -> str | None:
+    """The one line for a command that cannot import an optional module, or None when the module
+    is no extra's (a real bug: its traceback is kept)."""
+    module = (e.name or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(module)
+    if extra is None:
+        return None
+    return f"needs the {extra!r} extra, which is not installed (no module {module!r}): pip install \"vela2[{extra}]\""
 
 
 def _load(checkpoint: str, device: str, precision: str):
@@ -143,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         except Vela2Error as e:
             print(f"vela2 {name}: {e}", file=sys.stderr)
             return 2
+        except ImportError as e:
+            if (line := missing_extra(e)) is None:
+                raise
+            print(f"vela2 {name}: {line}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -153,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except FileNotFoundError as e:
         print(f"vela2 {args.command}: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        if (line := missing_extra(e)) is None:
+            raise
+        print(f"vela2 {args.command}: {line}", file=sys.stderr)
         return 2
 
 
