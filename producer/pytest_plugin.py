@@ -48,8 +48,10 @@ def _fakeredis() -> Any:
         import fakeredis
         import lupa  # noqa: F401  (fakeredis runs Lua scripts with it)
     except ImportError as e:
-        pytest.fail(f"the vela2 fixtures need fakeredis with Lua support: {TESTING_EXTRA} ({e})", pytrace=False)
-    return fakeredis
+        missing = str(e)
+    else:
+        return fakeredis
+    pytest.fail(f"the vela2 fixtures need fakeredis with Lua support: {TESTING_EXTRA} ({missing})", pytrace=False)
 
 
 def _free_port() -> int:

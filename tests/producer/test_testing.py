@@ -257,3 +257,25 @@ def test_the_fake_worker_stores_what_the_real_worker_stores(redis_url, real_work
         assert got[FAKE_META_KEY] == "model" and FAKE_META_KEY not in want
         _assert_close(_comparable(got), _comparable(want), rid)
     real.close()
+
+
+@pytest.mark.integration  # a pytest subprocess
+def test_the_fixtures_name_the_extra_when_fakeredis_has_no_lua(tmp_path):
+    import subprocess
+    import sys
+
+    from stack.harness import child_env
+
+    (tmp_path / "test_user.py").write_text(
+        "import sys\nsys.modules['lupa'] = None  # as if fakeredis[lua] were not installed\n\n"
+        "def test_uses_the_client(vela2_client):\n    pass\n\n"
+        "def test_a_fake_worker_on_it():\n"
+        "    import fakeredis, pytest\n"
+        "    from producer.testing import FakeWorker\n"
+        "    with pytest.raises(RuntimeError, match=r'cannot run Lua scripts .* pip install \"vela2\\[testing\\]\"'):\n"
+        "        FakeWorker(fakeredis.FakeRedis())\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=tmp_path,
+                         env=child_env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "1 passed, 1 error" in run.stdout, run.stdout
+    assert "During handling" not in run.stdout  # one message, no chained traceback
+    assert 'the vela2 fixtures need fakeredis with Lua support: pip install "vela2[testing]"' in run.stdout
