@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 
 ENV_REDIS_URL = "VELA2_TEST_REDIS_URL"
-TESTING_EXTRA = 'pip install "vela2[testing]"'
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,6 +50,8 @@ def _fakeredis() -> Any:
         missing = str(e)
     else:
         return fakeredis
+    from producer.testing import TESTING_EXTRA
+
     pytest.fail(f"the vela2 fixtures need fakeredis with Lua support: {TESTING_EXTRA} ({missing})", pytrace=False)
 
 

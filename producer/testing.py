@@ -36,7 +36,8 @@ Answers (`answer=`):
   probabilities over the options, decision the first option, abstain_probability 0 (score adds
   `expected`, the mean of the options when all are numbers); set: 0.5 per option, decision the first
   option; span: probability 0 per label, no spans. Stored metas carry ``"vela2_fake": "stub"`` (a
-  real worker's never carry ``vela2_fake``): these are no model's answers.
+  real worker's never carry ``vela2_fake``; with the other answers its value is ``"model"`` or the
+  answer function's name): these are no model's answers.
 - ``"model"``: the real model in this process (`vela2.predict` on `checkpoint=`, e.g. the demo
   checkpoint written by `vela2 init-demo DIR`; needs torch: ``pip install "vela2[model]"``), at
   `precision` (default as the worker: bf16 on CUDA, fp32 on a CPU).
@@ -222,6 +223,9 @@ class FakeWorker:
         self.model = model
         self.kind, self._answer = self._answer_fn(answer, checkpoint, device, precision)
         self.calibration = calibration or getattr(self._answer, "calibration", None) or Calibration()
+        # the name SystemOne requests must give: the loaded checkpoint's with answer="model" (as the worker's
+        # check, whatever its queues are named), else `model`
+        self.served = getattr(self._answer, "model_name", model)
         self.store = ResultStore(self.redis, ttl_s=result_expires_s)
         self.queues = [lst for q in keys.queues(model) for lst in keys.priority_lists(q)]  # taking order
         self.delay_s = delay_s
@@ -235,6 +239,7 @@ class FakeWorker:
         self._go.set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.crashed: BaseException | None = None  # what ended the thread, if anything but stop()
         self._check_lua()
 
     @staticmethod
@@ -342,6 +347,8 @@ class FakeWorker:
             return
         deadline = time.monotonic() + timeout_s
         while True:
+            if self.crashed is not None:
+                raise RuntimeError(f"the fake worker's thread died: {self.crashed!r}") from self.crashed
             with self.lock:
                 left, held = self.queued(), self.held
             if not left and not held:
@@ -352,6 +359,13 @@ class FakeWorker:
             time.sleep(0.01)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # kept for run_until_empty() to raise, then reported by threading
+            self.crashed = e
+            raise
+
+    def _loop(self) -> None:
         while not self._stop.is_set():
             if not self._go.wait(_TAKE_WAIT_S):
                 continue
@@ -458,7 +472,7 @@ class FakeWorker:
             try:
                 if s1:
                     parsed = systemone.parse_request(obj)
-                    systemone.check_model(parsed, self.model)
+                    systemone.check_model(parsed, self.served)
                     res = self._run_answer(rid, systemone.to_row(parsed, self.calibration))
                     answer = systemone.to_answer(parsed, res)
                 else:

@@ -279,3 +279,24 @@ def test_the_fixtures_name_the_extra_when_fakeredis_has_no_lua(tmp_path):
     assert run.returncode == 1 and "1 passed, 1 error" in run.stdout, run.stdout
     assert "During handling" not in run.stdout  # one message, no chained traceback
     assert 'the vela2 fixtures need fakeredis with Lua support: pip install "vela2[testing]"' in run.stdout
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_thread_that_died_is_said_at_once_not_waited_on(vela2_client, vela2_fake_worker):
+    def broken_store(items):
+        raise ValueError("a bug in the fake")
+
+    vela2_fake_worker.store.store = broken_store
+    vela2_client.submit(ROW)
+    with pytest.raises(RuntimeError, match=r"the fake worker's thread died: ValueError\('a bug in the fake'\)"):
+        vela2_fake_worker.run_until_empty(timeout_s=30)
+
+
+def test_a_model_answer_checks_the_checkpoints_name_as_the_worker_does(vela2_redis, demo_dir):
+    """The worker checks a SystemOne request's model against its checkpoint's name, whatever its
+    queues are called (--model); so does FakeWorker(answer="model")."""
+    worker = FakeWorker(vela2_redis.client(), "queue-name", answer="model", checkpoint=demo_dir)
+    client = Client(redis=vela2_redis.client(), model="queue-name")
+    client.submit({**S1, "model": "vela2-demo"}, validate=False)
+    worker.drain()
+    assert assert_ok(client.answer("s-1", timeout_s=0))["model"] == "vela2-demo"
