@@ -584,8 +584,7 @@ def request_schema(model: str | None = None, ref_prefix: str = "#/$defs/") -> di
     input, options / labels per kind with their counts and lengths, question texts, limits, id
     rules), one definition per task kind. What JSON Schema cannot express is in CROSS_FIELD_RULES.
     `model`: the one model name accepted (a route serving one model); definitions under `ref_prefix`."""
-    nonblank = NON_BLANK
-    item = {"type": "string", "minLength": 1, "maxLength": LIMITS.max_item_chars, "pattern": nonblank}
+    item = {"type": "string", "minLength": 1, "maxLength": LIMITS.max_item_chars, "pattern": NON_BLANK}
     field_name = {**item, "not": {"pattern": "\n"}}
     null = {"type": "null"}
 
@@ -595,7 +594,7 @@ def request_schema(model: str | None = None, ref_prefix: str = "#/$defs/") -> di
     def optional(spec: dict[str, Any]) -> dict[str, Any]:
         return {"anyOf": [spec, null], "default": None}
 
-    question = {"type": "string", "maxLength": LIMITS.max_question_chars, "pattern": nonblank,
+    question = {"type": "string", "maxLength": LIMITS.max_question_chars, "pattern": NON_BLANK,
                 "description": "absent or null: calibration.json's default question of the kind"}
     fields = {"type": "array", "items": field_name, "minItems": 1, "uniqueItems": True,
               "description": "input fields to search (keys of an object input; default: all fields)"}
@@ -635,7 +634,7 @@ def request_schema(model: str | None = None, ref_prefix: str = "#/$defs/") -> di
     }
     defs["SystemOneTask"] = {"oneOf": [{"$ref": ref_prefix + name} for name in list(defs)],
                              "description": "one named task over the input; `kind` picks its fields"}
-    text = {"type": "string", "minLength": 1, "maxLength": LIMITS.max_text_chars, "pattern": nonblank,
+    text = {"type": "string", "minLength": 1, "maxLength": LIMITS.max_text_chars, "pattern": NON_BLANK,
             "description": "free text"}
     fields_input = {"type": "object", "minProperties": 1, "maxProperties": LIMITS.max_fields,
                     "propertyNames": field_name, "additionalProperties": {"type": "string"},
