@@ -1,9 +1,17 @@
 """Producers: the client library (sync and asyncio), bulk backfill and the HTTP route.
 
-Never imports torch: a web backend installs the base package and talks to Redis only.
+Never imports torch: a web backend installs `pip install "vela2[producer]"` and talks to Redis only.
+The exceptions a caller catches are re-exported here (all from vela2.errors): InvalidRequest (a
+request the worker would refuse; a ValueError), LimitExceeded (over a documented limit; an
+InvalidRequest), ModelMismatch (a SystemOne request naming another model; an InvalidRequest),
+IdConflict (an id already naming other content), ResultExpired (answered, but the answer expired
+from Redis; a LookupError), and Vela2Error, the base of them all. Redis being away raises
+redis.ConnectionError; a wait past its timeout raises TimeoutError. Test helpers: producer.testing.
 """
 
 from producer.aio import AsyncClient
 from producer.client import Client
+from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
 
-__all__ = ["AsyncClient", "Client"]
+__all__ = ["AsyncClient", "Client", "IdConflict", "InvalidRequest", "LimitExceeded", "ModelMismatch",
+           "ResultExpired", "Vela2Error"]

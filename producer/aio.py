@@ -177,7 +177,13 @@ class _Poller:
 
 
 class AsyncClient:
-    """Submit requests and await results over one redis.asyncio connection pool."""
+    """Submit requests and await results over one redis.asyncio connection pool.
+
+    The constructor takes what `producer.Client` takes (`redis` then is a `redis.asyncio.Redis`, or
+    in tests a `fakeredis.FakeAsyncRedis`; `aclose()` closes only a pool this client made), plus the
+    poller's pauses `poll_min_s` / `poll_max_s` (see the module docstring). Checks at submit and the
+    exceptions raised are Client's.
+    """
 
     def __init__(
         self,

@@ -157,9 +157,23 @@ def prepare_request(request: Any, model: str, *, validate: bool = True) -> tuple
             parsed = systemone.parse_request(obj)
             if parsed.model != model:
                 raise ModelMismatch(f"request names model {parsed.model!r}; this client submits to {model!r}")
+            check_words(systemone.render_input(parsed.input)[0])
         else:
-            parse_row(obj)
+            check_words(parse_row(obj).text)
     return with_id(obj)
+
+
+def check_words(text: str) -> None:
+    """The worker's word limit (LIMITS.max_text_words, words as vela2.rendering splits them), checked
+    at the caller: LimitExceeded with the worker's message. A text of at most that many characters
+    cannot have more words, so only longer ones are split (the splitter is imported on first use)."""
+    if len(text) <= LIMITS.max_text_words:
+        return
+    from vela2.rendering import split_words
+
+    n_words = len(split_words(text))
+    if n_words > LIMITS.max_text_words:
+        raise LimitExceeded(f"text has {n_words:,} words; limit {LIMITS.max_text_words:,}")
 
 
 def prepare_many(requests: Iterable[Any], model: str, *, validate: bool = True) -> list[tuple[str, Any]]:
@@ -269,7 +283,26 @@ def plan_submit(items: list[tuple[str, Any]], claims: Claims, messages: list[Mes
 
 
 class Client:
-    """Submit requests and read results over one Redis connection pool."""
+    """Submit requests and read results over one Redis connection pool.
+
+    `redis_url`: the Redis that the workers of `model` use as broker and result store (ignored when
+    `redis` is given). `model`: the model served; it names the queues (`vela2.<model>` online,
+    `vela2.<model>.backfill`) and SystemOne requests must name it (else ModelMismatch). `redis`: a
+    ready client to use instead of one made from the URL: a `redis.Redis` (your own pool, TLS, a
+    Sentinel master) or, in tests, a `fakeredis.FakeRedis` (with Lua: ``pip install
+    "vela2[testing]"``; see producer.testing). `track_submitted`: write the `vela2:submitted:<id>`
+    marker at submit time (default on) so that `status` tells "pending" from "unknown" and an
+    expired answer raises ResultExpired instead of a wait to the timeout; `submitted_ttl_s`: how
+    long a pending marker lives (default a day). `tenant`: scope every id to this tenant (see Scope).
+
+    Checked here before anything is queued, with the worker's own validators and messages: every
+    field rule and limit of a request (vela2.config.LIMITS: text characters and words, questions,
+    options, labels, ids, tasks, fields, message bytes) -> InvalidRequest / LimitExceeded /
+    ModelMismatch, and `deadline_s` (0 < deadline_s <= LIMITS.max_deadline_s) -> LimitExceeded,
+    all ValueErrors. Not checked here: the tokens of a request (LIMITS.max_request_tokens), which
+    need the model's tokenizer: the worker answers such a request with a `limit_exceeded` error
+    result. An id reused for other content raises IdConflict at submit.
+    """
 
     def __init__(
         self,
@@ -472,6 +505,7 @@ __all__ = [
     "DEFAULT_REDIS_URL",
     "RESULT_EXPIRED",
     "Client",
+    "check_words",
     "State",
     "expired_answer",
     "expired_row",

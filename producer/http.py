@@ -74,6 +74,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
+from urllib.parse import quote
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -99,7 +100,7 @@ from vela2.errors import (
 )
 from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
 from vela2.schemas import ErrorInfo, Status
-from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, SystemOneRequest, error_answer, parse_request
+from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, error_answer, parse_request, request_schema
 from vela2.wire.keys import HEARTBEAT_S, queue_name, workers_key
 
 log = logging.getLogger(__name__)
@@ -293,7 +294,8 @@ def create_app(
         return found.tenant
 
     def pending(request: Request, rid: str) -> JSONResponse:
-        url = str(request.url_for("get_result", request_id=rid))
+        # percent-encoded: an id may hold any character (a header is latin-1), "/" included
+        url = str(request.url_for("get_result", request_id=quote(rid, safe="")))
         return JSONResponse(
             Pending(id=rid, result_url=url).model_dump(mode="json"), status_code=202, headers={"Location": url}
         )
@@ -325,6 +327,8 @@ def create_app(
         responses={
             **_ANSWER_RESPONSES,
             202: {"model": Pending, "description": "queued; not answered in wait_s"},
+            408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s"},
+            429: {"model": ErrorAnswer, "description": "every Redis connection stayed busy (busy; Retry-After)"},
             410: {
                 "model": ErrorAnswer,
                 "description": "answered, and expired from the result store within wait_s (result_expired; "
@@ -387,12 +391,13 @@ def create_app(
         return JSONResponse(answer, status_code=status_code(answer))
 
     @app.get(
-        "/v1/results/{request_id}",
+        "/v1/results/{request_id:path}",  # an id may hold "/"
         name="get_result",
         summary="The answer of a submitted request",
         responses={
             **{k: v for k, v in _ANSWER_RESPONSES.items() if k not in (400, 409, 413)},
             202: {"model": Pending, "description": "submitted, not answered yet"},
+            429: {"model": ErrorAnswer, "description": "every Redis connection stayed busy (busy; Retry-After)"},
             404: {"model": NotFound, "description": "unknown id (never submitted by a tracking producer)"},
             410: {
                 "model": ErrorAnswer,
@@ -455,9 +460,10 @@ def create_app(
         # schema is added here from the pydantic model, with its definitions as components.
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            req = SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            # Every rule the route and the worker apply to one field; the model is the one served.
+            req = request_schema(model=model, ref_prefix="#/components/schemas/")
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            components.update(req.pop("$defs", {}))
+            components.update(req.pop("$defs"))
             components["SystemOneRequest"] = req
             app.openapi_schema = schema
         return app.openapi_schema

@@ -16,10 +16,28 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from vela2.config import DEFAULT_MAX_BATCH_TOKENS, PRECISIONS
+from vela2.config import DEFAULT_MAX_BATCH_TOKENS, PRECISIONS, default_precision
 from vela2.errors import InvalidRequest, Vela2Error
 
 PLUGIN_GROUP = "vela2.commands"
+# The extra (pyproject.toml) that installs each optional top-level module: a command that misses one
+# says which extra to install, in one line, instead of a traceback.
+EXTRA_OF_MODULE = {
+    **dict.fromkeys(("torch", "transformers", "tokenizers", "safetensors"), "model"),
+    **dict.fromkeys(("celery", "kombu", "billiard", "prometheus_client"), "worker"),
+    **dict.fromkeys(("fastapi", "uvicorn", "starlette"), "producer"),
+    **dict.fromkeys(("fakeredis", "lupa"), "testing"),
+}
+
+
+def missing_extra(e: ImportError) -> str | None:
+    """The one line for a command that cannot import an optional module, or None when the module
+    is no extra's (a real bug: its traceback is kept)."""
+    module = (e.name or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(module)
+    if extra is None:
+        return None
+    return f"needs the {extra!r} extra, which is not installed (no module {module!r}): pip install \"vela2[{extra}]\""
 
 
 def _load(checkpoint: str, device: str, precision: str):
@@ -58,11 +76,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from vela2.schemas import error_result
     from vela2.systemone import predict_mixed
 
-    model = _load(args.checkpoint, args.device, args.precision)
+    precision = args.precision or default_precision(args.device)  # the worker's default: bf16 on CUDA, else fp32
+    model = _load(args.checkpoint, args.device, precision)
     lines = read_jsonl(args.input)
     objs = [dict(obj, units=True) if args.units and isinstance(obj, dict) and "text" in obj else obj
             for obj, err in lines if err is None]
-    answers = iter(predict_mixed(model, objs, precision=args.precision, max_batch_tokens=args.max_batch_tokens))
+    answers = iter(predict_mixed(model, objs, precision=precision, max_batch_tokens=args.max_batch_tokens))
     n_err = 0
     with contextlib.ExitStack() as stack:
         out = sys.stdout if args.out in (None, "-") else stack.enter_context(open(args.out, "w", encoding="utf-8"))
@@ -78,7 +97,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from vela2.fitting import calibrate_command
 
     return calibrate_command(args.checkpoint, args.dev, out=args.out, report_path=args.report,
-                             device=args.device, precision=args.precision)
+                             device=args.device, precision=args.precision or default_precision(args.device))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoint", required=True)
     s.add_argument("input", help="JSONL file, '-' for stdin")
     s.add_argument("--out", help="output JSONL (default stdout)")
-    s.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    s.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="default as the worker's: bf16 on CUDA, fp32 elsewhere")
     s.add_argument("--device", default="cpu")
     s.add_argument("--units", action="store_true", help="span answers carry every word's units")
     s.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS)
@@ -106,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="write calibration here instead of into the checkpoint")
     s.add_argument("--report", help="write the before/after report as JSON")
     s.add_argument("--device", default="cpu")
-    s.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    s.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="default as the worker's: bf16 on CUDA, fp32 elsewhere")
     s.set_defaults(func=cmd_calibrate)
 
     for name, ep in sorted(plugins().items()):
@@ -140,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         except Vela2Error as e:
             print(f"vela2 {name}: {e}", file=sys.stderr)
             return 2
+        except ImportError as e:
+            if (line := missing_extra(e)) is None:
+                raise
+            print(f"vela2 {name}: {line}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -150,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except FileNotFoundError as e:
         print(f"vela2 {args.command}: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        if (line := missing_extra(e)) is None:
+            raise
+        print(f"vela2 {args.command}: {line}", file=sys.stderr)
         return 2
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, cast
 
-from vela2.config import DEFAULT_MAX_BATCH_TOKENS
+from vela2.config import DEFAULT_MAX_BATCH_TOKENS, default_precision
 from vela2.errors import Vela2Error
 from vela2.modeling import Vela2Model
 from vela2.packing import pack
@@ -19,7 +19,7 @@ def predict(
     model: Vela2Model,
     rows: Iterable[Any],
     *,
-    precision: str = "bf16",
+    precision: str | None = None,
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
     row_tokens: int | None = None,
 ) -> list[RowResult]:
@@ -28,7 +28,9 @@ def predict(
     A row that fails validation, rendering or decoding gets an error result; the other rows still run.
     Sequences of all rows are packed together by length under `max_batch_tokens` (padded tokens);
     with `row_tokens`, several short sequences share a row of that many tokens (see vela2.packing.pack).
+    `precision` None: the worker's default for the model's device (bf16 on CUDA, fp32 elsewhere).
     """
+    precision = precision or default_precision(str(model.device))
     model.check_precision(precision)
     rows = list(rows)
     results: list[RowResult | None] = [None] * len(rows)

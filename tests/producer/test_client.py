@@ -114,3 +114,40 @@ def test_result_waits_on_the_published_value(client, redis):
         timer.join()
     with pytest.raises(TimeoutError, match="no result for 'never'"):
         client.result("never", timeout_s=0.2)
+
+
+def test_the_exceptions_a_caller_catches_come_from_producer():
+    import producer
+    from vela2 import errors
+
+    for name in ("InvalidRequest", "LimitExceeded", "ModelMismatch", "IdConflict", "ResultExpired", "Vela2Error"):
+        assert getattr(producer, name) is getattr(errors, name)
+    assert issubclass(producer.LimitExceeded, ValueError) and issubclass(producer.ModelMismatch, ValueError)
+
+
+@pytest.mark.parametrize("deadline_s", [0, -1, float("nan"), 30 * 86_400 + 1])
+def test_a_deadline_out_of_bounds_is_a_value_error_at_submit_and_nothing_is_queued(redis, deadline_s):
+    import producer
+
+    client = Client(redis=redis, model="m")
+    with pytest.raises(ValueError, match="deadline_s is .*it must be > 0 and at most 2,592,000 s"):
+        client.submit({**ROW, "id": "d-1"}, deadline_s=deadline_s)
+    with pytest.raises(producer.LimitExceeded):
+        client.submit_many([{**ROW, "id": "d-2"}], deadline_s=deadline_s)
+    assert redis.keys("*") == []
+
+
+def test_the_word_limit_is_checked_at_the_client_with_the_workers_message(redis):
+    from vela2.config import LIMITS
+
+    client = Client(redis=redis, model="m")
+    over = " ".join(["w"] * (LIMITS.max_text_words + 1))
+    with pytest.raises(ValueError, match=r"^text has 65,537 words; limit 65,536$"):
+        client.submit({**ROW, "id": "w-1", "text": over})
+    s1 = {"model": "m", "id": "w-2", "input": {"a": over[:70_000], "b": over[:70_000]},
+          "tasks": [{"name": "t", "kind": "choice", "options": ["x", "y"]}]}
+    with pytest.raises(ValueError, match=r"^text has 70,00\d words; limit 65,536$"):  # both fields' words, headers too
+        client.submit(s1)
+    assert redis.keys("*") == []
+    at_limit = " ".join(["w"] * LIMITS.max_text_words)  # exactly the limit: queued
+    assert client.submit({**ROW, "id": "w-3", "text": at_limit}) == "w-3"

@@ -43,7 +43,7 @@ def system_one(i: int) -> dict:
 
 def test_concurrent_tasks_share_polls_and_never_block_the_loop(redis_url, fake_worker):
     worker = fake_worker()
-    worker.go.clear()  # nothing is answered until 2 s after the tasks started waiting
+    worker.pause()  # nothing is answered until 2 s after the tasks started waiting
 
     async def main() -> tuple[list, list[float], int]:
         async with AsyncClient(redis_url, model=MODEL) as client:
@@ -61,7 +61,7 @@ def test_concurrent_tasks_share_polls_and_never_block_the_loop(redis_url, fake_w
 
             async def release() -> None:
                 await asyncio.sleep(2.0)
-                worker.go.set()
+                worker.resume()
 
             beat = asyncio.create_task(heartbeat())
             results, _ = await asyncio.gather(asyncio.gather(*(one(i) for i in range(60))), release())
@@ -76,7 +76,7 @@ def test_concurrent_tasks_share_polls_and_never_block_the_loop(redis_url, fake_w
         assert rid == (f"s-{i}" if i % 5 == 0 else f"a-{i}")
         assert answer["id"] == rid and answer["status"] == "ok"
         assert ("tasks" in answer) == (i % 5 == 0)  # SystemOne requests get the SystemOne answer
-    assert worker.rows == 60
+    assert worker.requests == 60
     # The loop kept turning while 60 coroutines waited 2 s or more each (a blocking wait would
     # leave a gap of the whole wait), and one MGET per poll served all of them.
     gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]

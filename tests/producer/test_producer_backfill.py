@@ -124,9 +124,9 @@ def test_rows_without_a_result_become_timeout_errors_and_expired_rows_are_report
     # (the 5 timed-out messages are still queued: the rows below are new ones, behind them)
     inp2 = write_jsonl(tmp_path / "in2.jsonl", [row(i) for i in range(10, 15)])
     worker = fake_worker()
-    worker.go.clear()  # the deadline passes before the worker takes anything
+    worker.pause()  # the deadline passes before the worker takes anything
     out2 = tmp_path / "out2.jsonl"
-    threading.Timer(0.4, worker.go.set).start()
+    threading.Timer(0.4, worker.resume).start()
     s2 = run_backfill(
         inp2, out2, redis_url=redis_url, model=MODEL, window=10, chunk_size=5, deadline_s=0.1, poll_s=0.02
     )
@@ -164,7 +164,7 @@ def _wait(cond, what: str, timeout_s: float = 30.0) -> None:
 def test_an_answer_that_expired_before_the_backfill_read_it_is_a_result_expired_line(
     tmp_path, redis_url, redis_server, fake_worker
 ):
-    worker = fake_worker(result_ttl_s=1)  # result_expires of 1 s
+    worker = fake_worker(result_expires_s=1)  # result_expires of 1 s
     s1 = {"model": MODEL, "id": "s1-gone", "input": "hello", "tasks": [{"name": "t", "kind": "set", "options": ["a"]}]}
     lines = [row(0), row(1), s1]
     inp = write_jsonl(tmp_path / "in.jsonl", lines)
@@ -180,7 +180,7 @@ def test_an_answer_that_expired_before_the_backfill_read_it_is_a_result_expired_
     )
     job.start()
     try:
-        _wait(lambda: worker.rows == 3, "the worker to answer")
+        _wait(lambda: worker.requests == 3, "the worker to answer")
         _wait(lambda: not any(r.exists(result_key(i)) for i in ids), "the results to expire")
         assert {r.get(submitted_key(i)) for i in ids} == {b"answered"}
         held.go.set()
@@ -283,7 +283,7 @@ def test_ten_thousand_rows_never_more_than_the_window_in_flight(tmp_path, redis_
     inp = write_jsonl(tmp_path / "in.jsonl", [row(i) for i in range(n_rows)])
     out = tmp_path / "out.jsonl"
     worker = fake_worker()
-    worker.go.clear()
+    worker.pause()
     r = redis_server.client()
     result: dict = {}
     job = threading.Thread(
@@ -300,7 +300,7 @@ def test_ten_thousand_rows_never_more_than_the_window_in_flight(tmp_path, redis_
         time.sleep(0.3)
         assert _queued_rows(r) == window
         # Worker running: rows queued + rows held by the worker never exceed the window.
-        worker.go.set()
+        worker.resume()
         peak = 0
         while job.is_alive():
             with worker.lock:  # a consistent snapshot: nothing is popped or answered meanwhile
@@ -308,13 +308,13 @@ def test_ten_thousand_rows_never_more_than_the_window_in_flight(tmp_path, redis_
             time.sleep(0.002)
         job.join()
     finally:
-        worker.go.set()
+        worker.resume()
         job.join(60)
         r.close()
     s = result["s"]
     assert peak <= window
     assert s.max_in_flight == window and s.submitted == n_rows and s.ok == n_rows
-    assert worker.rows == n_rows and worker.max_chunk == chunk
+    assert worker.requests == n_rows and worker.max_chunk == chunk
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert len(ids) == n_rows and set(ids) == {f"row-{i}" for i in range(n_rows)}
 

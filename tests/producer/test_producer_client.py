@@ -137,8 +137,9 @@ def test_a_deadline_out_of_bounds_is_refused_and_nothing_is_queued(client, redis
 
 
 def test_a_request_over_the_message_limit_is_refused_at_the_caller(client, redis):
-    # 2,000,000 characters (the text limit) of 4-byte UTF-8: a valid row, but an 8 MB message.
-    huge = {**ROW, "id": "huge", "text": "\U0001f600" * 2_000_000}
+    # 2,000,000 characters (the text limit) of 4-byte UTF-8 letters (31,250 words of 64: under the word
+    # limit, which the client checks too): a valid row, but an 8 MB message.
+    huge = {**ROW, "id": "huge", "text": "\U0001d400" * 2_000_000}
     with pytest.raises(LimitExceeded, match=r"request 'huge': message body has 8,000,[\d,]+ bytes; limit 8,000,000"):
         client.submit(huge)
     assert redis.llen(ONLINE) == 0

@@ -146,13 +146,13 @@ def test_refusals_are_4xx_with_clear_messages_and_nothing_is_queued(redis_url, r
 
 def test_pending_expired_and_worker_failures_map_to_status_codes(redis_url, redis_server, http_server, fake_worker):
     worker = fake_worker()
-    worker.go.clear()
+    worker.pause()
     base = http_server(redis_url)
     with httpx.Client(base_url=base, timeout=30) as http:
         r = http.post("/v1/system_one", json={**REQUEST, "id": "exp"}, params={"wait_s": 0.2, "deadline_s": 0.05})
         assert r.status_code == 202  # no worker took it yet
         assert http.get("/v1/results/exp").status_code == 202  # pending, not unknown
-        worker.go.set()
+        worker.resume()
         for _ in range(600):
             r = http.get("/v1/results/exp")
             if r.status_code != 202:
@@ -439,3 +439,24 @@ def test_a_connection_whose_headers_do_not_arrive_is_closed(redis_url, http_serv
         assert first.startswith(b"HTTP/1.1 200")
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHo")  # the next one stalls
         assert closed_after(sock) < 20
+
+
+def test_a_pending_request_of_any_id_gets_a_result_url_that_reads_its_answer(redis_url, http_server, fake_worker):
+    """Found by schemathesis: an id a header cannot carry (latin-1) made the 202 a 500; and an id
+    holding "/" had a result_url that matched no route."""
+    worker = fake_worker()
+    worker.pause()
+    ids = ["\u00fc\u00f1 \U0001f600 \"x\"", "tenant-like/id", "a%2Fb"]
+    with httpx.Client(base_url=http_server(redis_url), timeout=30) as http:
+        urls = {}
+        for rid in ids:
+            r = http.post("/v1/system_one", json={**REQUEST, "id": rid}, params={"wait_s": 0})
+            assert r.status_code == 202 and r.headers["location"] == r.json()["result_url"]
+            assert r.headers["location"].isascii()
+            urls[rid] = r.headers["location"]
+            assert http.get(urls[rid]).status_code == 202
+        worker.resume()
+        worker.run_until_empty()
+        for rid, url in urls.items():
+            got = http.get(url)
+            assert got.status_code == 200 and got.json()["id"] == rid

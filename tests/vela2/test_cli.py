@@ -179,3 +179,43 @@ def test_a_plugin_parses_its_own_flags_and_reports_errors_as_the_cli_does(tmp_pa
     with pytest.raises(SystemExit) as e:
         main(["worker", "--max-wait-ms", "soon"])
     assert e.value.code == 2 and "--max-wait-ms must be a number; got 'soon'" in capsys.readouterr().err
+
+
+def test_predict_defaults_to_the_workers_precision(demo_dir, demo_model, tmp_path):
+    """One default on every path (vela2.config.default_precision): fp32 on a CPU for `vela2 predict`,
+    vela2.predict() and the worker alike, bf16 on CUDA."""
+    from vela2.cli import build_parser
+    from vela2.config import default_precision
+
+    assert (default_precision("cpu"), default_precision("cuda:0")) == ("fp32", "bf16")
+    for command in ("predict", "calibrate"):
+        assert build_parser().parse_args([command, "--checkpoint", "c", "f"]).precision is None
+    def untimed(results: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "timings"} for r in results]
+
+    lines = [json.dumps(ROW), json.dumps(SPAN_ROW), json.dumps(S1)]
+    default = untimed(run_predict(demo_dir, tmp_path, lines))
+    assert default == untimed(run_predict(demo_dir, tmp_path, lines, "--precision", "fp32"))
+    assert default != untimed(run_predict(demo_dir, tmp_path, lines, "--precision", "bf16"))
+    got = untimed([r.to_json_dict() for r in vela2.predict(demo_model, [ROW, SPAN_ROW])])
+    assert got == untimed([r.to_json_dict() for r in vela2.predict(demo_model, [ROW, SPAN_ROW], precision="fp32")])
+
+
+@pytest.mark.integration  # python subprocesses
+@pytest.mark.parametrize(("blocked", "argv", "extra"), [
+    ("torch", ["predict", "--checkpoint", "nowhere", "-"], "model"),
+    ("torch", ["init-demo", "somewhere"], "model"),
+    ("fastapi", ["http", "--no-auth"], "producer"),
+    ("celery", ["worker", "--checkpoint", "nowhere"], "worker"),
+])
+def test_a_command_missing_an_extra_says_which_in_one_line(tmp_path, blocked, argv, extra):
+    """A producer-only install runs `vela2 predict`: one line naming the extra, exit 2, no traceback."""
+    import subprocess
+    import sys
+
+    code = (f"import sys; sys.modules[{blocked!r}] = None\n"  # import of it now fails as if not installed
+            f"from vela2.cli import main; sys.exit(main({argv!r}))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == (f"vela2 {argv[0]}: needs the {extra!r} extra, which is not installed "
+                                  f"(no module {blocked!r}): pip install \"vela2[{extra}]\"")

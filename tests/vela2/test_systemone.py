@@ -632,8 +632,10 @@ def test_write_schemas_command(tmp_path: Any, capsys: pytest.CaptureFixture[str]
     assert request_schema["additionalProperties"] is False
     assert request_schema["properties"]["tasks"]["maxItems"] == LIMITS.max_tasks
     assert set(request_schema["required"]) == {"model", "input", "tasks"}
-    kinds = request_schema["$defs"]["SystemOneTask"]["properties"]["kind"]["enum"]
-    assert kinds == ["choice", "score", "set", "span", "classify", "extract"]
+    variants = [request_schema["$defs"][ref["$ref"].rsplit("/", 1)[1]]
+                for ref in request_schema["$defs"]["SystemOneTask"]["oneOf"]]
+    kinds = [v["properties"]["kind"]["const"] for v in variants]
+    assert kinds == ["choice", "score", "set", "span", "classify", "classify", "extract"]
     answer_schema = json.loads((tmp_path / SCHEMA_FILES["answer"]).read_text())
     assert {"version", "id", "status"} <= set(answer_schema["required"])
 
@@ -877,3 +879,95 @@ def test_mixed_rows_and_requests_bad_ones_do_not_stop_the_rest(demo_model: Any) 
         assert {k: v for k, v in o.items() if k != "timings"} == {
             k: v for k, v in to_answer(r, res).items() if k != "timings"
         }
+
+
+# --- the published schema says what the validators enforce ------------------------------------------
+
+_OK = {"model": MODEL, "input": "Some text.", "tasks": [{"name": "t", "kind": "choice", "options": ["a", "b"]}]}
+
+
+def _with_task(**task: Any) -> dict[str, Any]:
+    return {**_OK, "tasks": [{"name": "t", **task}]}
+
+
+SCHEMA_CASES = [  # (request, the validators accept it)
+    (_OK, True),
+    ({**_OK, "id": None, "version": "1", "units": True}, True),
+    (_with_task(kind="choice", options=["a", "b"], question=None, labels=None, fields=None, multi_label=None), True),
+    (_with_task(kind="score", options=["1", "2"], question="How good?"), True),
+    (_with_task(kind="set", options=["a"]), True),
+    (_with_task(kind="span", labels=["person"]), True),
+    ({**_with_task(kind="span", labels=["person"], fields=["user"]), "input": {"user": "Hi"}}, True),
+    (_with_task(kind="classify", labels=["a", "b"]), True),
+    (_with_task(kind="classify", labels=["a"], multi_label=True), True),
+    (_with_task(kind="classify", labels=["a", "b"], multi_label=False), True),
+    (_with_task(kind="extract", labels=["company"]), True),
+    ({**_OK, "input": {"user": "", "bot": "Hello"}}, True),
+    ({**_OK, "input": ""}, False),  # the request schemathesis found: empty input ...
+    ({**_OK, "input": " \n\x1f"}, False),  # ... and whitespace by str.isspace, \x1c-\x1f included
+    ({**_OK, "input": {}}, False),
+    ({**_OK, "input": {" ": "x"}}, False),
+    ({**_OK, "input": {"a\nb": "x"}}, False),
+    ({**_OK, "input": {"a": 1}}, False),
+    ({**_OK, "input": {f"f{i}": "x" for i in range(LIMITS.max_fields + 1)}}, False),
+    ({**_OK, "input": "x" * (LIMITS.max_text_chars + 1)}, False),
+    ({**_OK, "tasks": []}, False),
+    ({**_OK, "tasks": [{"name": f"t{i}", "kind": "set", "options": ["a"]} for i in range(LIMITS.max_tasks + 1)]},
+     False),
+    (_with_task(kind="set", options=[]), False),  # ... and a set task with no options
+    ({**_OK, "model": ""}, False),
+    ({**_OK, "id": ""}, False),
+    ({**_OK, "id": "x" * (LIMITS.max_id_chars + 1)}, False),
+    ({**_OK, "version": "2"}, False),
+    ({**_OK, "units": None}, False),
+    ({**_OK, "extra": 1}, False),
+    (_with_task(kind="choice", options=["a"]), False),
+    (_with_task(kind="choice", options=["a", "a"]), False),
+    (_with_task(kind="choice", options=["a", "\u3000"]), False),
+    (_with_task(kind="choice", options=["a", "x" * (LIMITS.max_item_chars + 1)]), False),
+    (_with_task(kind="choice", options=[f"o{i}" for i in range(LIMITS.max_options + 1)]), False),
+    (_with_task(kind="choice", options=["a", "b"], labels=["c"]), False),
+    (_with_task(kind="choice", options=["a", "b"], fields=["user"]), False),
+    (_with_task(kind="choice", options=["a", "b"], multi_label=True), False),
+    (_with_task(kind="choice", options=["a", "b"], question=" "), False),
+    (_with_task(kind="choice", options=["a", "b"], question="q" * (LIMITS.max_question_chars + 1)), False),
+    (_with_task(kind="span", labels=[]), False),
+    (_with_task(kind="span", options=["a"]), False),
+    (_with_task(kind="span", labels=["a"], fields=[]), False),
+    ({**_with_task(kind="span", labels=["a"], fields=["u", "u"]), "input": {"u": "x"}}, False),
+    (_with_task(kind="span", labels=["a"], fields=["user"]), False),  # fields on free text
+    (_with_task(kind="classify", labels=["a"]), False),
+    (_with_task(kind="classify", labels=["a", "b"], question="Which?"), False),
+    (_with_task(kind="extract", labels=["a"], question="Which?"), False),
+    (_with_task(kind="extract", labels=["a"], multi_label=True), False),
+    (_with_task(kind="unknown", labels=["a"]), False),
+    ({**_OK, "tasks": [{"kind": "set", "options": ["a"]}]}, False),
+    (_with_task(kind="set", options=["a"], name=""), False),
+    (_with_task(kind="set", options=["a"], name="n" * 129), False),
+]
+
+
+@pytest.mark.parametrize(("request_obj", "valid"), SCHEMA_CASES)
+def test_the_request_schema_accepts_exactly_what_the_validators_accept(request_obj: Any, valid: bool) -> None:
+    import jsonschema_rs
+
+    from vela2.systemone import request_schema
+
+    schema_ok = jsonschema_rs.validator_for(request_schema()).is_valid(request_obj)
+    try:
+        to_row(parse_request(request_obj), Calibration())  # what the route and then the worker check
+        parsed_ok = True
+    except Vela2Error:
+        parsed_ok = False
+    assert (schema_ok, parsed_ok) == (valid, valid)
+
+
+def test_the_rules_json_schema_cannot_state_are_in_its_description() -> None:
+    """Cross-field rules: both documents name them; the validators enforce them."""
+    from vela2.systemone import CROSS_FIELD_RULES, request_schema
+
+    assert CROSS_FIELD_RULES in request_schema()["description"]
+    for bad in ({**_OK, "tasks": [{"name": "t", "kind": "set", "options": ["a"]}] * 2},
+                {**_with_task(kind="span", labels=["a"], fields=["other"]), "input": {"user": "x"}}):
+        with pytest.raises(InvalidRequest):
+            parse_request(bad)

@@ -71,6 +71,22 @@ def test_a_request_whose_id_differs_from_its_message_is_answered_under_both():
     assert answerable_ids("mine", body) == ["mine", "victim"]
 
 
+def test_a_request_without_an_id_is_answered_under_its_message_id_with_a_warning(caplog):
+    """Plain Celery without task_id = the row's id: the task id becomes the storage key, said out loud."""
+    row = {k: v for k, v in ROW.items() if k != "id"}
+    body = json.dumps([[row], {}, {}])
+    with caplog.at_level("WARNING", logger="vela2.wire.messages"):
+        got = decode_delivery("celery-uuid-1", {}, body)
+    assert got.requests == [("celery-uuid-1", row)]
+    assert f"not under the request's content id {content_id(row)}" in caplog.text
+    assert "celery-uuid-1" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="vela2.wire.messages"):  # the id given, or the content id: silent
+        decode_delivery(ROW["id"], {}, json.dumps([[ROW], {}, {}]))
+        decode_delivery(content_id(row), {}, body)
+    assert caplog.text == ""
+
+
 def test_an_undecodable_chunk_never_answers_ids_outside_its_body():
     assert answerable_ids("chunk-9", "not json") == ["chunk-9"]
     oversized = json.dumps([[[ROW, {**ROW, "id": "r-2"}]], {"chunk": True}, {}])

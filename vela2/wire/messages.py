@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import socket
 import uuid
@@ -28,6 +29,8 @@ from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, LimitExceeded
 from vela2.schemas import content_id
 from vela2.wire.keys import TASK_NAME, chunk_id, id_problem
+
+log = logging.getLogger(__name__)
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _REPR_CHARS = 1024  # argsrepr / kwargsrepr are for humans (flower, logs); keep them short
@@ -299,6 +302,12 @@ def decode_delivery(
         rid = request_id(obj) if decoded.chunk else mid
         if not decoded.chunk and isinstance(obj, dict) and isinstance(obj.get("id"), str) and obj["id"] != mid:
             raise InvalidRequest(f"the request's id {obj['id'][:80]!r} differs from its message id {mid[:80]!r}")
+        if not decoded.chunk and isinstance(obj, dict) and request_id(obj) != rid:
+            # A request sent without an id (plain Celery without task_id = the request's id): answered
+            # under the message's task id, which its content id does not match.
+            log.warning("message %.80s carries a request without an id: it is answered under the message id, "
+                        "not under the request's content id %s (send task_id = the request's id)",
+                        mid, request_id(obj))
         problem = id_problem(rid)
         if problem:
             unusable.append((obj, f"request id {problem}"))

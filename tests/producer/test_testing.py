@@ -1,0 +1,302 @@
+"""producer.testing.FakeWorker and the pytest plugin's fixtures: answers stored exactly as the real
+worker stores them, read back by Client, AsyncClient, the HTTP route and Celery's AsyncResult."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from celery import Celery
+from fastapi.testclient import TestClient
+
+from producer import Client, ModelMismatch
+from producer.http import create_app
+from producer.testing import FAKE_META_KEY, Drained, FakeWorker, assert_ok
+from vela2.errors import ModelError
+from vela2.schemas import Status, parse_row
+from vela2.wire import keys
+from vela2.wire.messages import build_message
+from vela2.wire.results import ANSWERED
+
+MODEL = "vela2-demo"
+QUEUE = keys.online_queue(MODEL)
+ROW = {"id": "r-1", "task": "choice:boolq", "text": "The sky is green.",
+       "questions": [{"question": "Is the sky green?", "options": ["yes", "no"]}]}
+S1 = {"model": MODEL, "id": "s-1", "input": {"user": "Hi, I am Ann (ann@example.com).", "assistant": "Hello Ann."},
+      "tasks": [{"name": "intent", "kind": "choice", "options": ["greet", "ask"]},
+                {"name": "quality", "kind": "score", "options": ["1", "2", "3", "4"]},
+                {"name": "policy", "kind": "set", "options": ["violence", "self-harm"]},
+                {"name": "pii", "kind": "span", "labels": ["person", "email"], "fields": ["user"]},
+                {"name": "topic", "kind": "classify", "labels": ["sports", "politics"]},
+                {"name": "ents", "kind": "extract", "labels": ["company"]}]}
+
+
+def _meta(redis, rid: str) -> dict:
+    raw = redis.get(keys.result_key(rid))
+    assert raw is not None, f"no result stored for {rid!r}"
+    return json.loads(raw)
+
+
+@pytest.mark.vela2(thread=False)
+def test_stub_answers_every_kind_deterministically(vela2_client, vela2_fake_worker):
+    rows = [ROW,
+            {"id": "r-score", "task": "score:q", "text": "x", "questions": [{"options": ["1", "2", "4"]}]},
+            {"id": "r-text-score", "task": "score:q", "text": "x", "questions": [{"options": ["low", "high"]}]},
+            {"id": "r-set", "task": "set:s", "text": "x", "questions": [{"options": ["a", "b"]}]},
+            {"id": "r-span", "task": "span:s", "text": "x", "questions": [{"labels": ["person"]}]}]
+    ids = vela2_client.submit_many([*rows, S1])
+    assert vela2_fake_worker.drain().answered == 6
+    got = vela2_client.answers_many(ids, timeout_s=0)
+    assert got["r-1"]["answers"][0] == {"question": 0, "task": "choice:boolq", "probs": {"yes": 0.5, "no": 0.5},
+                                               "decision": "yes", "abstain_probability": 0.0}
+    assert got["r-score"]["answers"][0]["expected"] == pytest.approx(7 / 3)
+    assert "expected" not in got["r-text-score"]["answers"][0]
+    assert got["r-set"]["answers"][0]["decision"] == ["a"]
+    assert got["r-set"]["answers"][0]["probs"] == {"a": 0.5, "b": 0.5}
+    assert got["r-span"]["answers"][0]["spans"] == [] and got["r-span"]["answers"][0]["probs"] == {"person": 0.0}
+    tasks = got["s-1"]["tasks"]
+    assert got["s-1"]["status"] == "ok" and list(tasks) == ["intent", "quality", "policy", "pii", "topic", "ents"]
+    assert [t["kind"] for t in tasks.values()] == ["choice", "score", "set", "span", "classify", "extract"]
+    assert tasks["topic"]["decision"] == "sports" and tasks["ents"]["spans"] == []
+    meta = _meta(vela2_client.redis, "s-1")
+    assert meta[FAKE_META_KEY] == "stub" and meta["status"] == "SUCCESS" and meta["result"] == got["s-1"]
+    # the same request answered twice gives the same numbers (nothing random)
+    assert vela2_fake_worker.drain().messages == 0
+
+
+@pytest.mark.vela2(thread=False)
+def test_invalid_requests_get_the_workers_error_results(vela2_client, vela2_fake_worker):
+    bad_row = {**ROW, "id": "bad-row", "questions": [{"options": ["only one"]}]}
+    other_model = {**S1, "id": "bad-model", "model": "another-model"}
+    vela2_client.submit(bad_row, validate=False)
+    vela2_client.redis.lpush(QUEUE, build_message([other_model], QUEUE).payload)  # what a client would refuse
+    vela2_fake_worker.drain()
+    with pytest.raises(ValueError) as refused:  # the message the validator gives: the worker's
+        parse_row(bad_row)
+    row = vela2_client.result("bad-row", timeout_s=0)
+    assert row.status == Status.error and row.error.type == "invalid_request"
+    assert row.error.message == str(refused.value)
+    meta = _meta(vela2_client.redis, "bad-row")
+    assert meta["status"] == "FAILURE" and meta["result"] == {
+        "exc_type": "InvalidRequest", "exc_message": [str(refused.value)], "exc_module": "builtins"}
+    answer = vela2_client.answer("bad-model", timeout_s=0)
+    assert answer["status"] == "error" and answer["error"] == {
+        "type": ModelMismatch.code,
+        "message": "request names model 'another-model'; this worker serves 'vela2-demo'"}
+    with pytest.raises(AssertionError, match="'bad-model' is 'error', not 'ok': model_mismatch: request names model"):
+        assert_ok(answer)
+
+
+@pytest.mark.vela2(thread=False, result_expires_s=120)
+def test_write_once_chunks_duplicates_expiry_and_ttl(vela2_client, vela2_fake_worker):
+    redis = vela2_client.redis
+    rows = [{**ROW, "id": f"c-{i}"} for i in range(3)]
+    vela2_client.submit(rows[0])
+    assert vela2_fake_worker.drain().answered == 1
+    first = redis.get(keys.result_key("c-0"))
+    chunk = build_message([*rows, rows[1]], QUEUE, chunk=True)  # c-0 answered already, c-1 twice
+    redis.lpush(QUEUE, chunk.payload)
+    assert vela2_fake_worker.drain() == Drained(messages=1, answered=2, duplicates=1, dead_lettered=0)
+    assert redis.get(keys.result_key("c-0")) == first  # write-once: the duplicate changed nothing
+    summary = _meta(redis, chunk.id)
+    assert summary["result"] == {"chunk": chunk.id, "ok": 2, "duplicate": 1, "repeated": 1}
+    assert 0 < redis.ttl(keys.result_key("c-1")) <= 120
+    assert redis.get(keys.submitted_key("c-0")).decode() == ANSWERED  # the tracked submission is answered
+    late = build_message([{**S1, "id": "late"}], QUEUE, expires=datetime.now(UTC) - timedelta(seconds=1))
+    redis.lpush(QUEUE, late.payload)
+    vela2_fake_worker.drain()
+    answer = vela2_client.answer("late", timeout_s=0)
+    assert answer["status"] == "expired" and answer["error"]["type"] == "expired"
+    assert vela2_client.status("late") == "answered"
+
+
+@pytest.mark.vela2(thread=False)
+def test_queue_items_that_are_no_message_are_answered_or_dead_lettered(vela2_client, vela2_fake_worker):
+    redis = vela2_client.redis
+    redis.lpush(QUEUE, b"not json at all")
+    protocol1 = {"body": json.dumps({"task": "vela2.score", "id": "p1-id", "args": [ROW]}), "headers": None,
+                 "properties": {}, "content-type": "application/json"}
+    redis.lpush(QUEUE, json.dumps(protocol1))
+    done = vela2_fake_worker.drain()
+    assert (done.messages, done.answered, done.dead_lettered) == (2, 1, 1)
+    assert "protocol 1" in vela2_client.result("p1-id", timeout_s=0).error.message
+    [dead] = [json.loads(x) for x in redis.lrange(keys.dead_letter(MODEL), 0, -1)]
+    assert dead["item"] == "not json at all" and "not valid JSON" in dead["reason"]
+
+
+def test_an_answer_function_and_its_failures(vela2_redis):
+    def answer(row):
+        if row.text == "boom":
+            raise KeyError("no such thing")
+        if row.text == "refuse":
+            raise ModelError("the model failed")
+        return [{"probs": {"yes": 0.9, "no": 0.1}, "decision": "yes", "abstain_probability": 0.01}]
+
+    client = Client(redis=vela2_redis.client(), model=MODEL)
+    worker = FakeWorker(vela2_redis.client(), answer=answer)
+    ids = client.submit_many([ROW, {**ROW, "id": "boom", "text": "boom"}, {**ROW, "id": "refuse", "text": "refuse"}])
+    worker.drain()
+    got = client.results_many(ids, timeout_s=0)
+    assert assert_ok(got["r-1"]).answers[0].probs == {"yes": 0.9, "no": 0.1}
+    assert got["boom"].error.type == "model_error"
+    assert got["boom"].error.message == "the answer function raised KeyError: 'no such thing'"
+    assert (got["refuse"].error.type, got["refuse"].error.message) == ("model_error", "the model failed")
+    assert _meta(client.redis, "r-1")[FAKE_META_KEY] == "answer"
+    with pytest.raises(ValueError, match="answer must be 'stub', 'model' or a callable; got 'smart'"):
+        FakeWorker(vela2_redis.client(), answer="smart")
+    with pytest.raises(ValueError, match="needs checkpoint=DIR"):
+        FakeWorker(vela2_redis.client(), answer="model")
+
+
+def test_the_thread_answers_the_asyncio_client(vela2_async_client, vela2_fake_worker):
+    async def main():
+        rid = await vela2_async_client.submit(S1)
+        answer = await vela2_async_client.answer(rid, timeout_s=5)
+        await vela2_async_client.aclose()
+        return answer
+
+    assert assert_ok(asyncio.run(main()))["tasks"]["intent"]["decision"] == "greet"
+    vela2_fake_worker.run_until_empty()
+    assert vela2_fake_worker.requests == 1
+
+
+def test_pause_and_run_until_empty(vela2_client, vela2_fake_worker):
+    vela2_fake_worker.pause()
+    ids = vela2_client.submit_many([{**ROW, "id": f"p-{i}"} for i in range(5)])
+    with pytest.raises(TimeoutError, match=r"5 messages queued and 0 requests held after 0.2 s \(paused: True\)"):
+        vela2_fake_worker.run_until_empty(timeout_s=0.2)
+    vela2_fake_worker.resume()
+    vela2_fake_worker.run_until_empty()
+    assert all(r is not None for r in vela2_client.results_many(ids, timeout_s=0).values())
+
+
+def test_the_http_route_and_celery_read_what_the_fake_worker_stored(vela2_redis, vela2_fake_worker):
+    with TestClient(create_app(vela2_redis.url, MODEL, keys=None)) as http:
+        posted = http.post("/v1/system_one", json=S1)
+        assert posted.status_code == 200 and assert_ok(posted.json())["id"] == "s-1"
+        assert http.get("/v1/results/s-1").json() == posted.json()
+        empty_set = {**S1, "id": "s-2", "tasks": [{"name": "t", "kind": "set", "options": []}]}
+        bad = http.post("/v1/system_one", json=empty_set)
+        assert bad.status_code == 422  # refused by the route itself, before the queue
+    client = Client(redis=vela2_redis.client(), model=MODEL)
+    client.submit(ROW)
+    client.submit({**ROW, "id": "bad", "text": " "}, validate=False)
+    vela2_fake_worker.run_until_empty()
+    app = Celery(broker=vela2_redis.url, backend=vela2_redis.url, set_as_current=False)
+    try:
+        assert app.AsyncResult("r-1").get(timeout=5) == client.answer("r-1", timeout_s=0)
+        assert app.AsyncResult("s-1").get(timeout=5) == posted.json()
+        failed = app.AsyncResult("bad")
+        with pytest.raises(Exception, match="text is empty") as e:
+            failed.get(timeout=5)
+        assert type(e.value).__name__ == "InvalidRequest"
+        failed.backend = None  # its __del__ must not talk to a Redis that is gone
+        del failed, e
+    finally:
+        gc.collect()
+        app.close()
+
+
+def _comparable(meta: dict) -> dict:
+    """A stored meta less what differs between two runs (when, how long, which fake)."""
+    out = {k: v for k, v in meta.items() if k not in ("date_done", FAKE_META_KEY)}
+    for key in ("vela2", "vela2_answer", "result"):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: v for k, v in out[key].items() if k != "timings"}
+    return out
+
+
+def _assert_close(a, b, path="meta"):
+    """Equal structure and values, floats within the batch-shape noise floor."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, abs=1e-4), path
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
+        for k in a:
+            _assert_close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_close(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def test_the_fake_worker_stores_what_the_real_worker_stores(redis_url, real_worker, demo_dir, vela2_redis):
+    """The same requests through a real worker process and through FakeWorker(answer="model") on the
+    same checkpoint: every stored meta the same, key for key (numbers within float noise)."""
+    rows = [ROW, {**ROW, "id": "r-2", "text": "Paris is in France.", "units": True,
+                  "task": "span:pii", "questions": [{"labels": ["person", "place"]}]}]
+    bad = [{**ROW, "id": "bad-row", "questions": [{"options": ["one"]}]}, {**S1, "id": "bad-model", "model": "other"},
+           {**S1, "id": "bad-s1", "tasks": []}]
+    chunk = [{**ROW, "id": f"c-{i}", "text": f"Row {i} of a chunk."} for i in range(3)]
+    real = Client(redis_url, model=MODEL)
+    fake = Client(redis=vela2_redis.client(), model=MODEL)
+    worker = FakeWorker(vela2_redis.client(), answer="model", checkpoint=demo_dir)  # fp32 on a CPU, as the worker
+    late = build_message([{**ROW, "id": "late"}], QUEUE, expires=datetime.now(UTC) - timedelta(seconds=1))
+    for client in (real, fake):
+        client.submit_many([*rows, S1])
+        for request in bad:
+            client.redis.lpush(QUEUE, build_message([request], QUEUE).payload)
+        client.redis.lpush(QUEUE, build_message(chunk, QUEUE, chunk=True, message_id="chunk-fixed").payload)
+        client.redis.lpush(QUEUE, late.payload)
+    worker.drain()
+    real_worker(redis_url)
+    ids = [r["id"] for r in [*rows, S1, *bad, *chunk]] + ["late"]
+    assert None not in real.results_many(ids, timeout_s=120).values()
+    deadline = time.monotonic() + 30  # the chunk's summary is stored after its rows
+    while real.redis.get(keys.result_key("chunk-fixed")) is None:
+        assert time.monotonic() < deadline, "no summary of the chunk"
+        time.sleep(0.05)
+    for rid in [*ids, "chunk-fixed"]:
+        want, got = _meta(real.redis, rid), _meta(fake.redis, rid)
+        assert got[FAKE_META_KEY] == "model" and FAKE_META_KEY not in want
+        _assert_close(_comparable(got), _comparable(want), rid)
+    real.close()
+
+
+@pytest.mark.integration  # a pytest subprocess
+def test_the_fixtures_name_the_extra_when_fakeredis_has_no_lua(tmp_path):
+    import subprocess
+    import sys
+
+    from stack.harness import child_env
+
+    (tmp_path / "test_user.py").write_text(
+        "import sys\nsys.modules['lupa'] = None  # as if fakeredis[lua] were not installed\n\n"
+        "def test_uses_the_client(vela2_client):\n    pass\n\n"
+        "def test_a_fake_worker_on_it():\n"
+        "    import fakeredis, pytest\n"
+        "    from producer.testing import FakeWorker\n"
+        "    with pytest.raises(RuntimeError, match=r'cannot run Lua scripts .* pip install \"vela2\\[testing\\]\"'):\n"
+        "        FakeWorker(fakeredis.FakeRedis())\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=tmp_path,
+                         env=child_env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "1 passed, 1 error" in run.stdout, run.stdout
+    assert "During handling" not in run.stdout  # one message, no chained traceback
+    assert 'the vela2 fixtures need fakeredis with Lua support: pip install "vela2[testing]"' in run.stdout
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_thread_that_died_is_said_at_once_not_waited_on(vela2_client, vela2_fake_worker):
+    def broken_store(items):
+        raise ValueError("a bug in the fake")
+
+    vela2_fake_worker.store.store = broken_store
+    vela2_client.submit(ROW)
+    with pytest.raises(RuntimeError, match=r"the fake worker's thread died: ValueError\('a bug in the fake'\)"):
+        vela2_fake_worker.run_until_empty(timeout_s=30)
+
+
+def test_a_model_answer_checks_the_checkpoints_name_as_the_worker_does(vela2_redis, demo_dir):
+    """The worker checks a SystemOne request's model against its checkpoint's name, whatever its
+    queues are called (--model); so does FakeWorker(answer="model")."""
+    worker = FakeWorker(vela2_redis.client(), "queue-name", answer="model", checkpoint=demo_dir)
+    client = Client(redis=vela2_redis.client(), model="queue-name")
+    client.submit({**S1, "model": "vela2-demo"}, validate=False)
+    worker.drain()
+    assert assert_ok(client.answer("s-1", timeout_s=0))["model"] == "vela2-demo"

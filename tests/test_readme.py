@@ -1,0 +1,95 @@
+"""The README's examples run as tests: every fenced block after an `<!-- example: KIND -->` marker.
+
+- `pytest`: a test file a backend can paste; run by pytest in a subprocess with the plugin loaded by
+  its entry point, once on fakeredis and once on a real redis-server (`--vela2-redis-url`);
+- `script`: run as is, with `REDIS_URL` (a fakeredis served on loopback) answered by a FakeWorker;
+- `systemone-request` / `systemone-answer`: the SystemOne example, checked against the validators,
+  the JSON Schemas and what the model's answer to that request looks like.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stack.harness import child_env
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_RE = re.compile(r"<!-- example: ([\w-]+) -->\n```\w+\n(.*?)```", re.DOTALL)
+
+
+def examples(kind: str) -> list[str]:
+    """The README's example blocks of one kind, in order."""
+    found = [code for k, code in EXAMPLE_RE.findall((ROOT / "README.md").read_text(encoding="utf-8")) if k == kind]
+    assert found, f"the README has no example of kind {kind!r}"
+    return found
+
+
+def test_every_marked_block_has_a_known_kind():
+    kinds = {k for k, _ in EXAMPLE_RE.findall((ROOT / "README.md").read_text(encoding="utf-8"))}
+    assert kinds == {"pytest", "script", "systemone-request", "systemone-answer"}
+
+
+def _run_pytest_examples(tmp_path: Path, *args: str) -> None:
+    blocks = examples("pytest")
+    for i, code in enumerate(blocks):
+        (tmp_path / f"test_readme_example_{i}.py").write_text(code, encoding="utf-8")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=tmp_path,
+                         env=child_env(), capture_output=True, text=True, timeout=240)
+    n_tests = sum(code.count("\ndef test_") + code.startswith("def test_") for code in blocks)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert f"{n_tests} passed" in run.stdout, run.stdout[-2000:]
+
+
+@pytest.mark.integration  # a pytest subprocess
+def test_the_pytest_examples_pass_on_fakeredis(tmp_path):
+    _run_pytest_examples(tmp_path)
+
+
+def test_the_pytest_examples_pass_on_a_real_redis_too(tmp_path, redis_url):
+    _run_pytest_examples(tmp_path, "--vela2-redis-url", redis_url)
+
+
+def test_the_script_examples_run(vela2_redis, vela2_fake_worker):
+    for code in examples("script"):
+        namespace = {"REDIS_URL": vela2_redis.url}
+        exec(compile(code, "README.md", "exec"), namespace)
+        app = namespace.get("app")
+        namespace.clear()
+        gc.collect()  # a Celery AsyncResult's __del__ talks to Redis: let it run while the server is up
+        if app is not None:
+            app.close()
+
+
+def test_the_systemone_example_is_a_valid_request_and_the_shape_of_its_answer(vela2_redis, demo_dir):
+    import jsonschema_rs
+
+    from producer import Client
+    from producer.testing import FakeWorker
+    from vela2.systemone import SCHEMA_DIR, SCHEMA_FILES, SystemOneAnswer, parse_request
+
+    [request_text], [answer_text] = examples("systemone-request"), examples("systemone-answer")
+    request, answer = json.loads(request_text), json.loads(answer_text)
+    parse_request(request)
+    for name, doc in (("request", request), ("answer", answer)):
+        schema = json.loads((SCHEMA_DIR / SCHEMA_FILES[name]).read_text(encoding="utf-8"))
+        assert jsonschema_rs.validator_for(schema).is_valid(doc), name
+    SystemOneAnswer.model_validate(answer)
+    for task in answer["tasks"].values():
+        for span in task.get("spans", []):
+            assert request["input"][span["field"]][span["start"] : span["end"]] == span["text"]
+    client = Client(redis=vela2_redis.client(), model=request["model"])
+    with FakeWorker(vela2_redis.client(), answer="model", checkpoint=demo_dir):
+        real = client.answer(client.submit(request), timeout_s=60)
+    assert real["status"] == "ok" and list(real) == list(answer)
+    assert list(real["tasks"]) == list(answer["tasks"])
+    for name, task in answer["tasks"].items():
+        got = real["tasks"][name]
+        assert (got["kind"], set(got), set(got["probs"])) == (task["kind"], set(task), set(task["probs"])), name
+        assert type(got.get("decision")) is type(task.get("decision")), name
