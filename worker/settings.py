@@ -120,7 +120,7 @@ class WorkerSettings:
         if self.dtype:
             return self.dtype
         # the same rule as every other serving path (vela2.checkpoint.serving_dtype)
-        return "bfloat16" if self.resolved_precision == "bf16" else "float32"
+        return "float32" if self.resolved_precision == "fp32" else "bfloat16"
 
     def engine_settings(self) -> EngineSettings:
         """The engine's knobs with the precision resolved for this device."""
