@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODEL_TYPES = ("qwen2", "llama", "mistral")  # decoders whose layers `attn_in` / `attn_out_mlp` reproduce
+ENABLED = True  # False: every backbone runs transformers' own forward (the unfused baseline the benchmarks time)
 COMPILE = True  # torch.compile the layer halves on CUDA (False: run them eagerly there too)
 FP8 = torch.float8_e4m3fn  # weights and activations of precision fp8 (e4m3: more mantissa than e5m2)
 FP8_MAX = float(torch.finfo(FP8).max)  # 448: the scale maps each row's largest |value| here
@@ -210,6 +211,8 @@ class FusedLayer:
 
 def supported(backbone: Any) -> str | None:
     """None when `FusedDecoder` reproduces this backbone's forward, else the reason it does not."""
+    if not ENABLED:
+        return "any backbone while vela2.fused.ENABLED is False"
     config: Any = getattr(backbone, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in MODEL_TYPES:
@@ -293,6 +296,8 @@ class FusedDecoder:
 def decoder(model: Any) -> FusedDecoder | None:
     """The model's FusedDecoder, built on first use and rebuilt when its weights were replaced since
     (a `.to()` or a reload); None when the backbone is not one `FusedDecoder` handles."""
+    if not ENABLED:
+        return None
     fused = getattr(model, "_fused", None)
     if fused is not None and fused.backbone is model.backbone and fused.current():
         return fused

@@ -192,10 +192,15 @@ def test_gpu_engine_runs_end_to_end_on_cpu(tmp_path):
     for key in ("mfu_real_tokens", "ratio_vs_batch1", "ratio_vs_fixed32", "padding_fraction",
                 "real_tokens_per_s", "rows_per_s_engine", "matmul_peak_tflops", "targets", "meets_targets"):
         assert key in eng, key
-    assert set(eng["targets"]) == {"mfu_real_tokens", "ratio_vs_batch1", "padding_fraction"}
+    assert set(eng["targets"]) == {"mfu_real_tokens", "mfu_real_tokens_batch1", "fp8_speedup_vs_bf16",
+                                   "ratio_vs_batch1", "padding_fraction"}
+    assert {"fp8_speedup_vs_bf16", "speedup_vs_unfused", "mfu_real_tokens_batch1", "latency_p50_ms"} <= set(eng)
+    assert set(eng["latency_p50_ms"]) == {"fp32", "fp8"}
     arms = doc["arms"]
-    assert {"ours", "ours_rows512", "batch1", "fixed32", "bundled", "single", "engine_predict"} <= set(arms)
-    real = {arms[a]["real_tokens"] for a in ("ours", "ours_rows512", "batch1", "fixed32")}
+    assert {"ours", "ours_rows512", "ours_fp8", "unfused", "batch1", "fixed32", "bundled", "single",
+            "engine_predict", "latency"} <= set(arms)
+    assert arms["ours_fp8"]["precision"] == "fp8" and arms["unfused"]["precision"] == "fp32"
+    real = {arms[a]["real_tokens"] for a in ("ours", "ours_rows512", "ours_fp8", "unfused", "batch1", "fixed32")}
     assert real == {doc["workload"]["real_tokens"]}  # every arm runs the same sequences
     assert arms["batch1"]["padding_fraction"] == 0.0
     assert arms["ours"]["padding_fraction"] <= arms["fixed32"]["padding_fraction"]
