@@ -32,7 +32,9 @@ device in bf16, with the demo tokenizer and a 2,048-token window. On the workloa
 - engine-only rows/s: vela2.predict over all rows (render + pack + forward + decode, no queue),
   the figure the queue path is later compared with;
 - latency: one short row (the workload's fewest-token single-question row) through vela2.predict
-  alone, warm (5 untimed calls), LATENCY_RUNS timed: p50 / p90 ms, at bf16 (and fp8 with the fp8 arm).
+  alone, warm (5 untimed calls), LATENCY_RUNS timed: p50 / p90 ms, at bf16 (and fp8 with the fp8 arm)
+  under sdpa (the row its own length), and at the headline packing (flex pads a lone row to row_tokens);
+- --cuda-graph-tokens N: batch1 and the sdpa latencies again with CUDA-graph replay (vela2.fused).
 
 `--device cpu --layers 2 --hidden 256` runs the same script end to end on a CPU (tiny shapes).
 """
@@ -97,6 +99,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="batches of each arm run as its warm-up (0 = one full pass)")
     ap.add_argument("--attn", default="sdpa",
                     help="comma list of attention backends (sdpa, flex) for `ours`; the first is the headline")
+    ap.add_argument("--cuda-graph-tokens", type=int, default=0,
+                    help="also run batch1 and latency with vela2.fused.GRAPH_MAX_TOKENS at this (CUDA-graph "
+                         "replay of sdpa batches up to this many tokens) as batch1_graphs / latency *_graphs")
     ap.add_argument("--flex-compile", choices=("static", "auto"), default="static",
                     help="flex kernels: static = one per (rows, length) shape; auto = torch.compile dynamic=None")
     args = ap.parse_args(argv)
@@ -419,6 +424,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     for name, plan in plans.items():
         if name in arms:
             results[name] = timed(name, plan())  # sdpa: unpacked rows of many lengths
+    if "batch1" in arms and args.cuda_graph_tokens:
+        vela2.fused.GRAPH_MAX_TOKENS = args.cuda_graph_tokens
+        try:
+            results["batch1_graphs"] = timed("batch1_graphs", plans["batch1"]())
+        finally:
+            vela2.fused.GRAPH_MAX_TOKENS = 0
     model.set_attention(head_attn)  # bundling and engine run the headline backend
 
     bundling: dict[str, Any] = {}
@@ -428,8 +439,23 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
     latency: dict[str, Any] = {}
     if "latency" in arms:
-        for precision in [args.precision, *(["fp8"] if "fp8" in arms else [])]:
-            latency[precision] = latency_arm(model, rows, precision, headline)
+        # sdpa, the row its own length (a worker's default; batch1's path), then the headline packing
+        # (under flex a lone row is padded to row_tokens), then sdpa with CUDA-graph replay
+        configs = [(p, "sdpa", None, 0) for p in [args.precision, *(["fp8"] if "fp8" in arms else [])]]
+        if head_attn != "sdpa" or headline:
+            configs.append((args.precision, head_attn, headline, 0))
+        if args.cuda_graph_tokens:
+            configs += [(p, "sdpa", None, args.cuda_graph_tokens) for p, a, _, _ in configs[:2] if a == "sdpa"]
+        for precision, attn, row_tokens, graph_tokens in configs:
+            label = f"{precision}_{attn}" + (f"_rows{row_tokens}" if row_tokens else "") + (
+                "_graphs" if graph_tokens else "")
+            model.set_attention(attn)
+            vela2.fused.GRAPH_MAX_TOKENS = graph_tokens
+            try:
+                latency[label] = latency_arm(model, rows, precision, row_tokens)
+            finally:
+                vela2.fused.GRAPH_MAX_TOKENS = 0
+        model.set_attention(head_attn)
         results["latency"] = latency
 
     engine_rows: dict[str, Any] = {}
@@ -476,6 +502,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             engine["speedup_vs_unfused"] = round(ours["real_tokens_per_s"] / results["unfused"]["real_tokens_per_s"], 3)
     if "batch1" in results:
         engine["mfu_real_tokens_batch1"] = results["batch1"]["mfu_real_tokens"]
+    if "batch1_graphs" in results:
+        engine["mfu_real_tokens_batch1_graphs"] = results["batch1_graphs"]["mfu_real_tokens"]
     if latency:
         engine["latency_p50_ms"] = {p: v["p50_ms"] for p, v in latency.items()}
     engine["targets"] = {k: f"{'>=' if kind == 'min' else '<='} {v}" for k, (kind, v) in TARGETS.items()}

@@ -1,11 +1,15 @@
 """Where one ~64k-token forward of the 9B shape spends its time, by kernel class.
 
     python -m bench.gpu_profile --out bench/results/gpu-profile.json [--variants transformers:bf16,fused:bf16,fused:fp8]
+    python -m bench.gpu_profile --single --attn sdpa --variants transformers:bf16,fused:bf16,graphs:bf16 \
+        --out bench/results/gpu-profile-batch1.json
 
 Builds the model of bench.gpu_engine (random bf16 weights, Qwen2 layout, 9B shapes by default),
 renders the seed-like mix and packs its first batch the way `ours` does (--max-batch-tokens
-padded tokens in rows of --row-tokens). For each variant (path:precision; path "transformers" runs
-the backbone's own forward, vela2.fused.ENABLED off; "fused" the product's fused decoder) it runs
+padded tokens in rows of --row-tokens), or with --single one sequence alone (the workload's
+mean length, unpacked: batch1's shape). For each variant (path:precision; path "transformers" runs
+the backbone's own forward, vela2.fused.ENABLED off; "fused" the product's fused decoder; "graphs"
+the fused decoder replayed as a CUDA graph, vela2.fused.GRAPH_MAX_TOKENS on, sdpa only) it runs
 `vela2.pipeline.run_batch` on that batch: warm-ups (compiles), --iters timed with CUDA events
 (median), then one run under torch.profiler. Kernels are put in classes by name:
 
@@ -76,7 +80,7 @@ def breakdown(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
     return out
 
 
-def profile_variant(model, sequences: list, row_tokens: int, precision: str, iters: int,
+def profile_variant(model, sequences: list, row_tokens: int | None, precision: str, iters: int,
                     non_embedding: int, padded: int, real: int, peak_flops: float) -> dict[str, Any]:
     """Warm up, time `iters` run_batch calls (median, CUDA events), profile one; the class table."""
     from torch.profiler import ProfilerActivity, profile
@@ -138,12 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch-tokens", type=int, default=65536)
     ap.add_argument("--row-tokens", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--single", action="store_true", help="one sequence alone (batch1's shape) instead of a batch")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     variants = [tuple(v.split(":")) for v in args.variants.split(",")]
-    bad = [v for v in variants if len(v) != 2 or v[0] not in ("transformers", "fused")]
+    bad = [v for v in variants if len(v) != 2 or v[0] not in ("transformers", "fused", "graphs")]
     if bad:
-        ap.error(f"--variants must be path:precision with path transformers or fused; got {args.variants!r}")
+        ap.error(f"--variants must be path:precision with path transformers, fused or graphs; got {args.variants!r}")
 
     margs = gpu_engine.parse_args(["--layers", str(args.layers), "--hidden", str(args.hidden)])
     device = torch.device("cuda")
@@ -153,22 +158,28 @@ def main(argv: list[str] | None = None) -> int:
     preps, _ = gpu_engine.prepare_all(model, make_workload(seed=0, copies=1))
     sequences = [s for p in preps for s in p.sequences]
     lengths = [s.num_tokens for s in sequences]
-    first = pack(lengths, args.max_batch_tokens, args.row_tokens)[0]
+    row_tokens: int | None = args.row_tokens
+    if args.single:
+        mean = sum(lengths) / len(lengths)
+        first = [min(range(len(lengths)), key=lambda i: abs(lengths[i] - mean))]
+        row_tokens, rows, padded = None, 1, lengths[first[0]]
+    else:
+        first = pack(lengths, args.max_batch_tokens, args.row_tokens)[0]
+        rows = len(plan_rows([lengths[i] for i in first], args.row_tokens))
+        padded = rows * args.row_tokens
     batch = [sequences[i] for i in first]
     real = sum(lengths[i] for i in first)
-    rows = len(plan_rows([lengths[i] for i in first], args.row_tokens))
-    padded = rows * args.row_tokens
-    log.info("batch: %d sequences in %d rows of %d: %d real / %d padded tokens", len(batch), rows, args.row_tokens,
-             real, padded)
+    log.info("batch: %d sequences in %d rows: %d real / %d padded tokens", len(batch), rows, real, padded)
     results = {}
     for path, precision in variants:
-        fused.ENABLED = path == "fused"
+        fused.ENABLED = path != "transformers"
+        fused.GRAPH_MAX_TOKENS = 1 << 30 if path == "graphs" else 0
         t0 = time.perf_counter()
-        results[f"{path}:{precision}"] = r = profile_variant(model, batch, args.row_tokens, precision, args.iters,
+        results[f"{path}:{precision}"] = r = profile_variant(model, batch, row_tokens, precision, args.iters,
                                                              params["non_embedding"], padded, real, peak["flops_per_s"])
         log.info("%s:%s: %.1f ms, MFU %.3f (%.0f s with compiles)", path, precision, r["forward_ms_median"],
                  r["mfu_real_tokens"], time.perf_counter() - t0)
-    fused.ENABLED = True
+    fused.ENABLED, fused.GRAPH_MAX_TOKENS = True, 0
     import transformers
 
     doc = {
@@ -177,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 "transformers": transformers.__version__},
         "model": {"hidden": args.hidden, "layers": args.layers, "non_embedding_params": params["non_embedding"],
                   "attention": args.attn},
-        "batch": {"sequences": len(batch), "rows": rows, "row_tokens": args.row_tokens, "real_tokens": real,
+        "batch": {"sequences": len(batch), "rows": rows, "row_tokens": row_tokens, "real_tokens": real,
                   "padded_tokens": padded},
         "matmul_peak_tflops": peak["tflops"],
         "variants": results,

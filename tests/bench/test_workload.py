@@ -182,7 +182,7 @@ def test_gpu_engine_runs_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     argv = ["--device", "cpu", "--layers", "1", "--hidden", "64", "--window", "256", "--max-rows", "12",
             "--max-batch-tokens", "2048", "--dtype", "fp32", "--precision", "fp32", "--warmup-batches", "1",
-            "--row-tokens", "0,512", "--out", str(out)]
+            "--row-tokens", "0,512", "--cuda-graph-tokens", "4096", "--out", str(out)]
     assert ge.main(argv) == 0
     doc = json.loads(out.read_text())
     assert {"command", "gpu", "model", "workload", "matmul_peak", "engine", "bundling", "arms"} <= set(doc)
@@ -195,10 +195,11 @@ def test_gpu_engine_runs_end_to_end_on_cpu(tmp_path):
     assert set(eng["targets"]) == {"mfu_real_tokens", "mfu_real_tokens_batch1", "fp8_speedup_vs_bf16",
                                    "ratio_vs_batch1", "padding_fraction"}
     assert {"fp8_speedup_vs_bf16", "speedup_vs_unfused", "mfu_real_tokens_batch1", "latency_p50_ms"} <= set(eng)
-    assert set(eng["latency_p50_ms"]) == {"fp32", "fp8"}
+    # CPU: no CUDA graphs, the *_graphs arms run the same eager path under their own names
+    assert set(eng["latency_p50_ms"]) == {"fp32_sdpa", "fp8_sdpa", "fp32_sdpa_graphs", "fp8_sdpa_graphs"}
     arms = doc["arms"]
-    assert {"ours", "ours_rows512", "ours_fp8", "unfused", "batch1", "fixed32", "bundled", "single",
-            "engine_predict", "latency"} <= set(arms)
+    assert {"ours", "ours_rows512", "ours_fp8", "unfused", "batch1", "batch1_graphs", "fixed32", "bundled",
+            "single", "engine_predict", "latency"} <= set(arms)
     assert arms["ours_fp8"]["precision"] == "fp8" and arms["unfused"]["precision"] == "fp32"
     real = {arms[a]["real_tokens"] for a in ("ours", "ours_rows512", "ours_fp8", "unfused", "batch1", "fixed32")}
     assert real == {doc["workload"]["real_tokens"]}  # every arm runs the same sequences
@@ -210,3 +211,23 @@ def test_gpu_engine_runs_end_to_end_on_cpu(tmp_path):
     assert b["questions"] > b["rows"] > 0 and b["ratio_vs_single"] > 0
     assert arms["single"]["questions"] == arms["bundled"]["questions"] == b["questions"]
     assert b["single_real_tokens"] > b["bundled_real_tokens"]  # the shared text is rendered once
+
+
+# --- bench.gpu_profile -----------------------------------------------------------------------------
+
+
+def test_gpu_profile_classes_and_idle():
+    from bench.gpu_profile import breakdown, kernel_class
+
+    assert kernel_class("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN") == "gemm"
+    assert kernel_class("nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT") == "gemm"
+    assert kernel_class("fmha_cutlassF_bf16_aligned_64x64_rf_sm80") == "attention"
+    assert kernel_class("triton_tem_fused_flex_attention_0") == "attention"
+    # inductor names a kernel after every op it fused; a quantisation feeding _scaled_mm is elementwise
+    assert kernel_class("triton_red_fused__scaled_mm__to_copy_abs_amax_clamp_div_t_0") == "elementwise"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<8, silu_kernel>") == "elementwise"
+    # two overlapping kernels then a 5 us gap: 25 us span, 20 us busy
+    ms = breakdown([("nvjet_a", 0.0, 10.0), ("triton_poi_fused_add_0", 5.0, 15.0), ("fmha_x", 20.0, 25.0)])
+    assert ms["gemm"] == pytest.approx(0.010) and ms["elementwise"] == pytest.approx(0.010)
+    assert ms["attention"] == pytest.approx(0.005) and ms["idle"] == pytest.approx(0.005)
+    assert ms["span"] == pytest.approx(0.025)
