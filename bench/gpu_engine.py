@@ -33,8 +33,7 @@ device in bf16, with the demo tokenizer and a 2,048-token window. On the workloa
   the figure the queue path is later compared with;
 - latency: one short row (the workload's fewest-token single-question row) through vela2.predict
   alone, warm (5 untimed calls), LATENCY_RUNS timed: p50 / p90 ms, at bf16 (and fp8 with the fp8 arm)
-  under sdpa (the row its own length), and at the headline packing (flex pads a lone row to row_tokens);
-- --cuda-graph-tokens N: batch1 and the sdpa latencies again with CUDA-graph replay (vela2.fused).
+  under sdpa (the row its own length), and at the headline packing (flex pads a lone row to row_tokens).
 
 `--device cpu --layers 2 --hidden 256` runs the same script end to end on a CPU (tiny shapes).
 """
@@ -99,9 +98,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="batches of each arm run as its warm-up (0 = one full pass)")
     ap.add_argument("--attn", default="sdpa",
                     help="comma list of attention backends (sdpa, flex) for `ours`; the first is the headline")
-    ap.add_argument("--cuda-graph-tokens", type=int, default=0,
-                    help="also run batch1 and latency with vela2.fused.GRAPH_MAX_TOKENS at this (CUDA-graph "
-                         "replay of sdpa batches up to this many tokens) as batch1_graphs / latency *_graphs")
     ap.add_argument("--flex-compile", choices=("static", "auto"), default="static",
                     help="flex kernels: static = one per (rows, length) shape; auto = torch.compile dynamic=None")
     args = ap.parse_args(argv)
@@ -434,7 +430,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     latency: dict[str, Any] = {}
     if "latency" in arms:
         # sdpa, the row its own length (a worker's default; batch1's path), then the headline packing
-        # (under flex a lone row is padded to row_tokens), then sdpa with CUDA-graph replay
+        # (under flex a lone row is padded to row_tokens)
         configs = [(p, "sdpa", None) for p in [args.precision, *(["fp8"] if "fp8" in arms else [])]]
         if head_attn != "sdpa" or headline:
             configs.append((args.precision, head_attn, headline))
@@ -463,9 +459,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                        "peak_memory_gib": _peak_gib(device)}
         results["engine_predict"] = engine_rows
 
-    if args.cuda_graph_tokens:  # last: a CUDA-graph failure is recorded, and every other arm is already in
-        graph_arms(model, results, latency, rows, args, lambda: timed("batch1_graphs", plans["batch1"]()))
-
     engine: dict[str, Any] = {
         "matmul_peak_tflops": peak["tflops"],
         "non_embedding_params": params["non_embedding"],
@@ -492,10 +485,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             engine["speedup_vs_unfused"] = round(ours["real_tokens_per_s"] / results["unfused"]["real_tokens_per_s"], 3)
     if "batch1" in results:
         engine["mfu_real_tokens_batch1"] = results["batch1"]["mfu_real_tokens"]
-    if "batch1_graphs" in results:
-        engine["mfu_real_tokens_batch1_graphs"] = results["batch1_graphs"].get("mfu_real_tokens")
     if latency:
-        engine["latency_p50_ms"] = {p: v["p50_ms"] for p, v in latency.items() if isinstance(v, dict)}
+        engine["latency_p50_ms"] = {p: v["p50_ms"] for p, v in latency.items()}
     engine["targets"] = {k: f"{'>=' if kind == 'min' else '<='} {v}" for k, (kind, v) in TARGETS.items()}
     engine["meets_targets"] = _meets(engine)
 
@@ -533,30 +524,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "wall_seconds": round(time.perf_counter() - t_start, 1),
     }
     return doc
-
-
-def graph_arms(model, results: dict[str, Any], latency: dict[str, Any], rows: list[dict],
-               args: argparse.Namespace, batch1: Callable[[], dict[str, Any]]) -> None:
-    """batch1 and the sdpa latencies again with CUDA-graph replay (vela2.fused.GRAPH_MAX_TOKENS);
-    an exception (a capture that fails on this torch) is recorded as the arm's result."""
-    import vela2.fused
-
-    arms = set(args.arms.split(","))
-    vela2.fused.GRAPH_MAX_TOKENS = args.cuda_graph_tokens
-    model.set_attention("sdpa")
-    try:
-        if "batch1" in arms:
-            results["batch1_graphs"] = batch1()
-        if "latency" in arms:
-            for precision in [args.precision, *(["fp8"] if "fp8" in arms else [])]:
-                latency[f"{precision}_sdpa_graphs"] = latency_arm(model, rows, precision, None)
-    except Exception as e:  # the benchmark reports it and keeps the other arms
-        log.exception("CUDA-graph arms failed")
-        results.setdefault("batch1_graphs", {"error": f"{type(e).__name__}: {e}"})
-        latency.setdefault("graphs_error", f"{type(e).__name__}: {e}")
-    finally:
-        vela2.fused.GRAPH_MAX_TOKENS = 0
-        model.set_attention(args.attns[0])
 
 
 def latency_arm(model, rows: list[dict], precision: str, row_tokens: int | None) -> dict[str, Any]:

@@ -197,26 +197,3 @@ def test_predict_fp8_equals_run_batch():
     assert res.status == "ok"
     np.testing.assert_allclose(res.answers[0].logits, out.options[0], atol=1e-6)
 
-
-# --- CUDA-graph padding ----------------------------------------------------------------------------------
-
-
-def test_pad_dense_equals_the_tree_mask_of_the_padded_batch():
-    model = tiny(seed=12)
-    ids, pos, parts, segs = batch(model, row_tokens=None)
-    B, L = ids.shape
-    length = L + 37
-    got_ids, got_pos, got_mask = fused.pad_dense(ids, pos, tree_mask(parts, segs), length)
-    pad = torch.nn.functional.pad
-    assert torch.equal(got_mask, tree_mask(pad(parts, (0, 37), value=-1), pad(segs, (0, 37), value=-1)))
-    assert torch.equal(got_ids[:, :L], ids) and (got_ids[:, L:] == 0).all()
-    assert torch.equal(got_pos[:, :L], pos) and (got_pos[:, L:] == 0).all()
-    # real tokens' states are the same with the padding (what graph replay relies on)
-    encode(model, ids, pos, parts, segs, "fp32")  # builds model._fused
-    with torch.inference_mode():
-        plain = model._fused.forward(ids, pos, tree_mask(parts, segs), "fp32", None)
-        padded = model._fused.forward(got_ids, got_pos, got_mask, "fp32", None)
-    real = parts >= 0
-    assert (padded[:, :L] - plain)[real].abs().max() <= 1e-5 * plain[real].abs().max()
-    with pytest.raises(ValueError, match=f"length {L - 1} is shorter than the batch's {L} tokens"):
-        fused.pad_dense(ids, pos, tree_mask(parts, segs), L - 1)
