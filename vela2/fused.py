@@ -21,7 +21,7 @@ trip through device memory. `FusedDecoder` runs the same arithmetic on the same 
 
 On a CPU nothing is compiled: the same functions run eagerly (the tests check them there, fp8
 included: torch's CPU `_scaled_mm` takes rowwise scales too). Backbones other than Llama-style
-decoders (qwen2, llama, mistral without extra biases or norms) are not handled here: `build`
+decoders (qwen2, llama, mistral without extra biases or norms) are not handled here: `decoder`
 returns None and encode runs transformers' own forward (fp8 then raises PrecisionError).
 
 Shapes: B = rows, L = row length, T = B x L tokens, H = hidden, Hq / Hkv = query / key-value heads,
@@ -293,7 +293,6 @@ class FusedDecoder:
         return backbone.norm(h.view(B, L, -1))
 
 
-
 def decoder(model: Any) -> FusedDecoder | None:
     """The model's FusedDecoder, built on first use and rebuilt when its weights were replaced since
     (a `.to()` or a reload); None when the backbone is not one `FusedDecoder` handles."""
@@ -306,6 +305,6 @@ def decoder(model: Any) -> FusedDecoder | None:
         return None
     fused = FusedDecoder(model.backbone)
     model._fused = fused
-    log.info("fused decoder built: %d layers, QKV and gate_up fused, compiled on CUDA: %s", len(fused.layers),
-             COMPILE)
+    log.info("fused decoder built: %d layers, QKV and gate_up fused; layer halves compiled: %s", len(fused.layers),
+             COMPILE and model.device.type == "cuda")
     return fused
