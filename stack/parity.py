@@ -1,9 +1,11 @@
 """`vela2 parity`: the seed's parity report, reproduced for our own paths.
 
-Arms: predict() in bf16 and fp32 (the reference path) and the queue path (worker) in the same
-precisions. Sections: rendering, outputs per comparison x type, bundled vs single (with the
-noise-floor control), SystemOne vs predict(), arm run times. Exit status is non-zero when a
-same-precision comparison shows a decision / span-set diff or a rendering mismatch.
+Arms: predict() in bf16, fp32 and fp8 (the reference path) and the queue path (worker) in the same
+precisions. Sections: rendering, outputs per comparison x type (each worker arm against predict()
+at its precision, then fp32 vs bf16 and fp8 vs bf16: what each precision changes), bundled vs
+single in fp32 and in fp8 (with the noise-floor control), SystemOne vs predict(), arm run times.
+Exit status is non-zero when a same-precision comparison shows a decision / span-set diff or a
+rendering mismatch.
 """
 
 from __future__ import annotations
@@ -292,16 +294,19 @@ def format_report(report: dict[str, Any]) -> str:
             tail = str(c["decision_diffs"])
         lines.append(f"{c['name']}\t{kind}\t{c['n']}\t{c['max_abs_prob_diff']:.3g}\t"
                      f"{c['max_abs_logit_diff']:.3g}\t{tail}")
-    b = report["bundled_vs_single"]
-    lines += ["", f"Bundled vs single ({report['bundle_precision']})", "",
-              f"{b['rows']} multi-question rows ({', '.join(f'{k} {v}' for k, v in b['by_task'].items())}): "
-              f"every question run alone (its own sequence) vs bundled. {b['questions'] - b['span_questions']} "
-              f"choice / score / set questions and {b['span_questions']} span questions, {b['bit_identical']} "
-              f"bit-identical, max |logit diff| {b['max_abs_logit_diff']:.3g} (span "
-              f"{b['span_max_abs_logit_diff']:.3g}). Noise-floor control (the same bundled rows, one row per "
-              f"batch instead of batched with others): max |logit diff| {b['noise_floor_max_abs_logit_diff']:.3g} "
-              f"(span {b['noise_floor_span_max_abs_logit_diff']:.3g}); decision flips bundled vs single: "
-              f"{b['decision_flips']}."]
+    bundles = [(report["bundle_precision"], report["bundled_vs_single"])]
+    if "bundled_vs_single_fp8" in report:
+        bundles.append(("fp8", report["bundled_vs_single_fp8"]))
+    for precision, b in bundles:
+        lines += ["", f"Bundled vs single ({precision})", "",
+                  f"{b['rows']} multi-question rows ({', '.join(f'{k} {v}' for k, v in b['by_task'].items())}): "
+                  f"every question run alone (its own sequence) vs bundled. {b['questions'] - b['span_questions']} "
+                  f"choice / score / set questions and {b['span_questions']} span questions, {b['bit_identical']} "
+                  f"bit-identical, max |logit diff| {b['max_abs_logit_diff']:.3g} (span "
+                  f"{b['span_max_abs_logit_diff']:.3g}). Noise-floor control (the same bundled rows, one row per "
+                  f"batch instead of batched with others): max |logit diff| "
+                  f"{b['noise_floor_max_abs_logit_diff']:.3g} (span {b['noise_floor_span_max_abs_logit_diff']:.3g}); "
+                  f"decision flips bundled vs single: {b['decision_flips']}."]
     s = report["systemone"]
     lines += ["", "SystemOne vs predict()", "",
               f"{s['requests']} SystemOne requests ({s['tasks']} tasks): max |diff| between the SystemOne answers "
@@ -385,21 +390,28 @@ def run_parity(checkpoint: str, rows: list[dict], *, redis_url: str | None = Non
                 checkpoint, rows, redis_url=url, device=device, precision=p, workdir=Path(tmp),
                 max_batch_tokens=max_batch_tokens, tag=f"{p}-{nonce}")
     comparisons: list[Comparison] = []
-    comparisons += compare("worker_bf16_vs_predict_bf16", worker_out["bf16"], predicted["bf16"], True)
-    comparisons += compare("worker_fp32_vs_predict_fp32", worker_out["fp32"], predicted["fp32"], True)
-    comparisons += compare("predict_fp32_vs_predict_bf16", predicted["fp32"], predicted["bf16"], False)
+    for p in PRECISIONS:
+        comparisons += compare(f"worker_{p}_vs_predict_{p}", worker_out[p], predicted[p], True)
+    for p in PRECISIONS:
+        if p != "bf16":
+            comparisons += compare(f"predict_{p}_vs_predict_bf16", predicted[p], predicted["bf16"], False)
     fp32 = models["fp32"]
-    bundle, times["bundled_vs_single_fp32"] = timed(
-        bundled_vs_single, lambda rs: [r.to_json_dict() for r in vela2.predict(fp32, rs, precision="fp32")], rows)
+    bundles = {}
+    for p in ("fp32", "fp8"):
+        m = models[p]
+        bundles[p], times[f"bundled_vs_single_{p}"] = timed(bundled_vs_single, lambda rs, m=m, p=p: [
+            r.to_json_dict() for r in vela2.predict(m, rs, precision=p)], rows)
     systemone, times["systemone"] = timed(systemone_section, fp32, "fp32")
     rendering = rendering_section(predicted["bf16"], worker_out["bf16"])
-    fp32_render = rendering_section(predicted["fp32"], worker_out["fp32"])
-    rendering["mismatches"] += fp32_render["mismatches"]
+    for p in PRECISIONS:
+        if p != "bf16":
+            rendering["mismatches"] += rendering_section(predicted[p], worker_out[p])["mismatches"]
     report = {
         "checkpoint": str(checkpoint), "model": fp32.name, "device": device, "rows": len(rows),
         "row_counts": type_counts(rows), "rendering": rendering,
         "comparisons": [c.to_dict() for c in comparisons],
-        "bundled_vs_single": vars(bundle), "bundle_precision": "fp32", "systemone": systemone,
+        "bundled_vs_single": vars(bundles["fp32"]), "bundle_precision": "fp32",
+        "bundled_vs_single_fp8": vars(bundles["fp8"]), "systemone": systemone,
         "times_s": {k: round(v, 2) for k, v in times.items()},
     }
     report["ok"], report["verdict"] = verdict(report)

@@ -142,9 +142,10 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
 
 def serving_dtype(precision: str) -> torch.dtype:
     """The backbone dtype every serving path (CLI, worker, parity) loads for a precision:
-    bf16 holds the backbone in bfloat16 (half the memory, no per-call weight casts), fp32 in float32.
+    bf16 holds the backbone in bfloat16 (half the memory, no per-call weight casts), fp32 in float32;
+    fp8 holds it in bfloat16 too (the fp8 copies are quantised from it at the first fp8 batch).
     """
-    return torch.bfloat16 if precision == "bf16" else torch.float32
+    return torch.float32 if precision == "fp32" else torch.bfloat16
 
 
 def _rebuild_rotary(backbone: nn.Module, device) -> None:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
-from vela2 import attention
+from vela2 import attention, fused
 from vela2.calibration import Calibration
 from vela2.config import PRECISIONS, Vela2Config
 from vela2.errors import PrecisionError
@@ -169,10 +169,15 @@ class Vela2Model(nn.Module):
                 f"precision fp32 needs the backbone held in float32; it is {self.backbone_dtype} "
                 "(load with dtype=torch.float32)"
             )
+        if precision == "fp8" and (reason := fused.supported(self.backbone)) is not None:
+            raise PrecisionError(f"precision fp8 runs on the fused decoder only, which does not handle {reason}")
 
     def encode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, parts: torch.Tensor,
                segments: torch.Tensor, precision: str) -> torch.Tensor:
-        """Backbone over a padded batch with the tree mask; returns fp32 states (B, L, H)."""
+        """Backbone over a padded batch with the tree mask; returns fp32 states (B, L, H).
+
+        Llama-style backbones run `vela2.fused.FusedDecoder` (fused projections, compiled on CUDA;
+        precision fp8 needs it), others transformers' own forward under bf16 autocast."""
         self.check_precision(precision)
         L = input_ids.shape[1]
         mask: torch.Tensor | BlockMask
@@ -182,8 +187,11 @@ class Vela2Model(nn.Module):
             mask = attention.block_mask(parts, segments)
         else:
             mask = tree_mask(parts, segments)
-        use_bf16 = precision == "bf16"
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+        engine = fused.decoder(self)  # None: a backbone the fused path does not handle (check_precision)
+        if engine is not None:
+            flex = attention.compiled_flex_attention() if self.attn == "flex" else None
+            return engine(input_ids, position_ids, mask, precision, flex)[:, :L].float()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             out = self.backbone(
                 input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
             )

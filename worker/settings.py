@@ -39,8 +39,9 @@ class EngineSettings:
 
     max_batch_tokens: int = setting(DEFAULT_MAX_BATCH_TOKENS, "padded tokens (longest x count) per device batch")
     max_wait_ms: float = setting(20.0, "longest a request waits for company before its bucket flushes")
-    precision: str | None = setting(None, "run_batch precision; default bf16 on CUDA, fp32 elsewhere",
-                                    choices=PRECISIONS)
+    precision: str | None = setting(
+        None, "run_batch precision (bf16, fp32, or fp8: opt-in); default bf16 on CUDA, fp32 elsewhere",
+        choices=PRECISIONS)
     render_threads: int = setting(2, "CPU threads that render rows ahead of the device and decode results")
     cpu_processes: int = setting(-1, "processes that render rows and decode results instead of the threads "
                                      "(spawned, each with the tokenizer); -1: auto (on a GPU min(4, cores - 2), "
@@ -60,7 +61,7 @@ class WorkerSettings:
                                                "off the command line); wins over redis_url")
     checkpoint: str | None = setting(None, "checkpoint directory (required)")
     device: str = setting("cpu", "cuda:0, cpu, ...: one worker process per device")
-    dtype: str | None = setting(None, "backbone dtype; default bfloat16 for bf16, else float32", choices=DTYPES)
+    dtype: str | None = setting(None, "backbone dtype; default float32 for fp32, else bfloat16", choices=DTYPES)
     visibility_timeout_s: float = setting(3600.0, "a dead worker's messages return to the queue after this long "
                                                   "(a live worker renews what it holds)")
     max_buffered: int = setting(2048, "messages the worker holds at once (the broker prefetch count); one "
@@ -120,7 +121,7 @@ class WorkerSettings:
         if self.dtype:
             return self.dtype
         # the same rule as every other serving path (vela2.checkpoint.serving_dtype)
-        return "bfloat16" if self.resolved_precision == "bf16" else "float32"
+        return "float32" if self.resolved_precision == "fp32" else "bfloat16"
 
     def engine_settings(self) -> EngineSettings:
         """The engine's knobs with the precision resolved for this device."""

@@ -192,10 +192,15 @@ def test_gpu_engine_runs_end_to_end_on_cpu(tmp_path):
     for key in ("mfu_real_tokens", "ratio_vs_batch1", "ratio_vs_fixed32", "padding_fraction",
                 "real_tokens_per_s", "rows_per_s_engine", "matmul_peak_tflops", "targets", "meets_targets"):
         assert key in eng, key
-    assert set(eng["targets"]) == {"mfu_real_tokens", "ratio_vs_batch1", "padding_fraction"}
+    assert set(eng["targets"]) == {"mfu_real_tokens", "mfu_real_tokens_batch1", "fp8_speedup_vs_bf16",
+                                   "ratio_vs_batch1", "padding_fraction"}
+    assert {"fp8_speedup_vs_bf16", "speedup_vs_unfused", "mfu_real_tokens_batch1", "latency_p50_ms"} <= set(eng)
+    assert set(eng["latency_p50_ms"]) == {"fp32_sdpa", "fp8_sdpa"}
     arms = doc["arms"]
-    assert {"ours", "ours_rows512", "batch1", "fixed32", "bundled", "single", "engine_predict"} <= set(arms)
-    real = {arms[a]["real_tokens"] for a in ("ours", "ours_rows512", "batch1", "fixed32")}
+    assert {"ours", "ours_rows512", "ours_fp8", "unfused", "batch1", "fixed32", "bundled", "single",
+            "engine_predict", "latency"} <= set(arms)
+    assert arms["ours_fp8"]["precision"] == "fp8" and arms["unfused"]["precision"] == "fp32"
+    real = {arms[a]["real_tokens"] for a in ("ours", "ours_rows512", "ours_fp8", "unfused", "batch1", "fixed32")}
     assert real == {doc["workload"]["real_tokens"]}  # every arm runs the same sequences
     assert arms["batch1"]["padding_fraction"] == 0.0
     assert arms["ours"]["padding_fraction"] <= arms["fixed32"]["padding_fraction"]
@@ -205,3 +210,23 @@ def test_gpu_engine_runs_end_to_end_on_cpu(tmp_path):
     assert b["questions"] > b["rows"] > 0 and b["ratio_vs_single"] > 0
     assert arms["single"]["questions"] == arms["bundled"]["questions"] == b["questions"]
     assert b["single_real_tokens"] > b["bundled_real_tokens"]  # the shared text is rendered once
+
+
+# --- bench.gpu_profile -----------------------------------------------------------------------------
+
+
+def test_gpu_profile_classes_and_idle():
+    from bench.gpu_profile import breakdown, kernel_class
+
+    assert kernel_class("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN") == "gemm"
+    assert kernel_class("nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT") == "gemm"
+    assert kernel_class("fmha_cutlassF_bf16_aligned_64x64_rf_sm80") == "attention"
+    assert kernel_class("triton_tem_fused_flex_attention_0") == "attention"
+    # inductor names a kernel after every op it fused; a quantisation feeding _scaled_mm is elementwise
+    assert kernel_class("triton_red_fused__scaled_mm__to_copy_abs_amax_clamp_div_t_0") == "elementwise"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<8, silu_kernel>") == "elementwise"
+    # two overlapping kernels then a 5 us gap: 25 us span, 20 us busy
+    ms = breakdown([("nvjet_a", 0.0, 10.0), ("triton_poi_fused_add_0", 5.0, 15.0), ("fmha_x", 20.0, 25.0)])
+    assert ms["gemm"] == pytest.approx(0.010) and ms["elementwise"] == pytest.approx(0.010)
+    assert ms["attention"] == pytest.approx(0.005) and ms["idle"] == pytest.approx(0.005)
+    assert ms["span"] == pytest.approx(0.025)

@@ -157,7 +157,7 @@ def test_option_head_by_hand():
 def test_check_precision(demo_model):
     demo_model.check_precision("fp32")
     demo_model.check_precision("bf16")
-    with pytest.raises(PrecisionError, match="precision must be one of bf16, fp32; got 'fp16'"):
+    with pytest.raises(PrecisionError, match="precision must be one of bf16, fp32, fp8; got 'fp16'"):
         demo_model.check_precision("fp16")
 
 

@@ -38,7 +38,7 @@ def test_settings_come_from_the_environment_then_overrides(demo_dir):
     assert WorkerSettings(device="cuda:0").resolved_dtype == "bfloat16"
     with pytest.raises(ConfigError, match="VELA2_MAX_WAIT_MS must be a number; got 'soon'"):
         WorkerSettings.from_env({ENV["max_wait_ms"]: "soon"})
-    with pytest.raises(ConfigError, match="precision must be one of bf16, fp32; got 'fp16'"):
+    with pytest.raises(ConfigError, match="precision must be one of bf16, fp32, fp8; got 'fp16'"):
         WorkerSettings(engine=EngineSettings(precision="fp16")).validate()
     with pytest.raises(ConfigError, match="unknown worker settings"):
         WorkerSettings.from_env({}, max_wait=3)
