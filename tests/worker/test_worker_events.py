@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from celery import Celery
 
@@ -35,9 +36,12 @@ def test_worker_sends_task_events_for_flower(redis_url, start_worker):
     ids = [client.submit(r) for r in rows] + [client.submit(bad, validate=False)]
     got = client.results_many(ids, timeout_s=120)
     assert all(got[i] is not None for i in ids)
-    for _ in range(100):
-        if set(ids) <= set(seen.get("task-received", [])) and "ev-bad" in seen.get("task-failed", []):
-            break
+    def all_seen() -> bool:  # events follow the stored results: wait for every one of them
+        return (set(ids) <= set(seen.get("task-received", [])) and "ev-bad" in seen.get("task-failed", [])
+                and {r["id"] for r in rows} <= set(seen.get("task-succeeded", [])))
+
+    deadline = time.monotonic() + 10
+    while not all_seen() and time.monotonic() < deadline:
         threading.Event().wait(0.1)
     assert set(ids) <= set(seen.get("task-received", []))
     assert {r["id"] for r in rows} <= set(seen.get("task-succeeded", []))
