@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 MODEL_TYPES = ("qwen2", "llama", "mistral")  # decoders whose layers `attn_in` / `attn_out_mlp` reproduce
 ENABLED = True  # False: every backbone runs transformers' own forward (the unfused baseline the benchmarks time)
 COMPILE = True  # torch.compile the layer halves on CUDA (False: run them eagerly there too)
+# Precisions that take this path off CUDA. fp8 needs it; at bf16 / fp32 a CPU runs transformers' own
+# layers, which are faster there (nothing is compiled on a CPU, so nothing fuses: the demo model's
+# fp32 batches of short rows ran 10-15% slower through this path on the 2-core CPU machine).
+CPU_PRECISIONS: tuple[str, ...] = ("fp8",)
 FP8 = torch.float8_e4m3fn  # weights and activations of precision fp8 (e4m3: more mantissa than e5m2)
 FP8_MAX = float(torch.finfo(FP8).max)  # 448: the scale maps each row's largest |value| here
 SCALE_FLOOR = 1e-12  # an all-zero row gets this scale instead of 0 (0 / 0 would give NaN)
@@ -293,10 +297,11 @@ class FusedDecoder:
         return backbone.norm(h.view(B, L, -1))
 
 
-def decoder(model: Any) -> FusedDecoder | None:
+def decoder(model: Any, precision: str) -> FusedDecoder | None:
     """The model's FusedDecoder, built on first use and rebuilt when its weights were replaced since
-    (a `.to()` or a reload); None when the backbone is not one `FusedDecoder` handles."""
-    if not ENABLED:
+    (a `.to()` or a reload); None when the backbone is not one `FusedDecoder` handles, or off CUDA at
+    a precision not in CPU_PRECISIONS."""
+    if not ENABLED or (model.device.type != "cuda" and precision not in CPU_PRECISIONS):
         return None
     fused = getattr(model, "_fused", None)
     if fused is not None and fused.backbone is model.backbone and fused.current():

@@ -176,8 +176,9 @@ class Vela2Model(nn.Module):
                segments: torch.Tensor, precision: str) -> torch.Tensor:
         """Backbone over a padded batch with the tree mask; returns fp32 states (B, L, H).
 
-        Llama-style backbones run `vela2.fused.FusedDecoder` (fused projections, compiled on CUDA;
-        precision fp8 needs it), others transformers' own forward under bf16 autocast."""
+        Llama-style backbones on CUDA run `vela2.fused.FusedDecoder` (fused projections, compiled
+        layer halves; precision fp8 needs it, on a CPU too), everything else transformers' own
+        forward under bf16 autocast."""
         self.check_precision(precision)
         L = input_ids.shape[1]
         mask: torch.Tensor | BlockMask
@@ -187,7 +188,7 @@ class Vela2Model(nn.Module):
             mask = attention.block_mask(parts, segments)
         else:
             mask = tree_mask(parts, segments)
-        engine = fused.decoder(self)  # None: a backbone the fused path does not handle (check_precision)
+        engine = fused.decoder(self, precision)  # None: transformers' own layers (see vela2.fused)
         if engine is not None:
             flex = attention.compiled_flex_attention() if self.attn == "flex" else None
             return engine(input_ids, position_ids, mask, precision, flex)[:, :L].float()

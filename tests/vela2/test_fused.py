@@ -19,6 +19,12 @@ from vela2.modeling import Vela2Model, tree_mask
 from vela2.pipeline import collate, prepare, run_batch
 
 TOKENIZER = demo_tokenizer()
+
+
+@pytest.fixture(autouse=True)
+def fused_on_this_cpu(monkeypatch):
+    """Every precision through the fused path here (on a CPU only fp8 takes it by default)."""
+    monkeypatch.setattr(fused, "CPU_PRECISIONS", ("fp8", "fp32", "bf16"))
 ROWS = [dict(r, units=True, logits=True) for r in sample_rows()]
 
 
