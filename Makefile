@@ -46,7 +46,7 @@ soak: $(DEMO_CKPT)/config.json
 
 # Queue overhead on this CPU machine vs plain Celery (writes bench/results/cpu-queue.json).
 bench-queue: $(DEMO_CKPT)/config.json
-	$(PY) -m bench.queue_bench cpu --out bench/results/cpu-queue.json
+	$(PY) -m bench.queue_bench cpu --cpu-processes 1 --out bench/results/cpu-queue.json
 
 clean:
 	rm -rf $(VENV) .cache
