@@ -1,6 +1,6 @@
 """The `vela2` command line: thin, each subcommand calls into the packages.
 
-The model library's own subcommands (init-demo, predict, calibrate, eval, train) are defined here; the packages
+The model library's own subcommands (init-demo, predict, calibrate, eval, train, import) are defined here; the packages
 built on it register theirs as entry points of group `vela2.commands` (pyproject.toml), so this
 module imports neither the worker nor the producer.
 """
@@ -118,6 +118,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                          device=args.device, resume=args.resume)
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from vela2.importing import import_command
+
+    return import_command(args.hf_dir, args.out, name=args.name, window=args.window)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vela2", description="Vela 2 streaming scorer")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -180,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--span-pos-weight", type=float, default=None,
                    help="weight of positive word x label units in the span loss (default 5)")
     s.set_defaults(func=cmd_train, full=False)
+
+    s = sub.add_parser("import", help="make a Vela 2 checkpoint of a local transformers decoder directory")
+    s.add_argument("hf_dir", help="directory with config.json, *.safetensors and tokenizer.json")
+    s.add_argument("out")
+    s.add_argument("--name", help="model name (default: the directory's name)")
+    s.add_argument("--window", type=int, default=None, help="max_window_tokens (default 2048)")
+    s.set_defaults(func=cmd_import)
 
     for name, ep in sorted(plugins().items()):
         sub.add_parser(name, help=_first_line(ep), add_help=False)
