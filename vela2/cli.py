@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     except Vela2Error as e:
         print(f"vela2 {args.command}: {e}", file=sys.stderr)
         return 2
-    except FileNotFoundError as e:
+    except (FileNotFoundError, PermissionError) as e:  # "[Errno 13] Permission denied: 'path'"
         print(f"vela2 {args.command}: {e}", file=sys.stderr)
         return 2
     except ImportError as e:
