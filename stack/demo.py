@@ -90,7 +90,27 @@ def _describe(answer: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _print_answers(ids: list[str], answers: dict[str, Any], seen_ms: dict[str, float]) -> None:
+def _short(text: str, limit: int = 70) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _asked(request: dict[str, Any]) -> str:
+    """What a request asked, in one short line: its text (shortened) and each question."""
+    if "tasks" in request:  # a SystemOne request
+        inp = request["input"]
+        text = inp if isinstance(inp, str) else " | ".join(f"{k}: {v}" for k, v in inp.items())
+        asks = [f"{t['name']} ({t['kind']}: {', '.join(t.get('options') or t.get('labels') or [])})"
+                for t in request["tasks"]]
+    else:
+        text = request.get("text", "")
+        asks = [q.get("question") or f"[{', '.join(q.get('options') or q.get('labels') or [])}]"
+                for q in request.get("questions", [])]
+    return f"text {_short(text)!r}; asked: {'; '.join(asks)}"
+
+
+def _print_answers(ids: list[str], answers: dict[str, Any], seen_ms: dict[str, float],
+                   requests: dict[str, dict[str, Any]] | None = None) -> None:
     print(f"{'request':<18} {'queue':>7} {'render':>7} {'model':>7} {'decode':>7} {'total':>8}  answer")
     for rid in ids:
         answer = answers.get(rid)
@@ -102,6 +122,8 @@ def _print_answers(ids: list[str], answers: dict[str, Any], seen_ms: dict[str, f
             f"{t[k]:7.1f}" if k in t else f"{'-':>7}" for k in ("queue_ms", "render_ms", "model_ms", "decode_ms")
         )
         print(f"{rid:<18} {cols} {seen_ms.get(rid, 0.0):8.1f}  {_describe(answer)}")
+        if requests and rid in requests:
+            print(f"{'':<18} {_asked(requests[rid])}")
     print("(milliseconds; total = submit -> answer seen by the client)")
 
 
@@ -152,6 +174,10 @@ def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 40
                     print(f"demo FAILED: {e}")
                     return 1
                 print(f"worker ready in {worker.ready_s:.1f} s (pid {worker.pid}, model {model_name})")
+                from vela2.demo import DESCRIPTION_FILE  # late: vela2.demo imports torch
+
+                about = Path(checkpoint) / DESCRIPTION_FILE
+                print(f"the model: {about.read_text().strip() if about.is_file() else model_name}")
                 client = Client(url, model=model_name)
                 online, bad, chunk = sample_requests(model_name)
                 t0 = time.monotonic()
@@ -163,7 +189,7 @@ def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 40
                     f"\n{len(ids)} requests ({len(online)} online, 1 bad, a bulk chunk of {len(chunk)}); "
                     f"all answered in {max(seen_ms.values(), default=0):.0f} ms\n"
                 )
-                _print_answers(ids, answers, seen_ms)
+                _print_answers(ids, answers, seen_ms, {r["id"]: r for r in [*online, bad, *chunk]})
                 client.close()
             finally:
                 code = worker.terminate(60)

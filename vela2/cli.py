@@ -1,6 +1,6 @@
 """The `vela2` command line: thin, each subcommand calls into the packages.
 
-The model library's own subcommands (init-demo, predict, calibrate) are defined here; the packages
+The model library's own subcommands (init-demo, predict, calibrate, eval, train, import) are defined here; the packages
 built on it register theirs as entry points of group `vela2.commands` (pyproject.toml), so this
 module imports neither the worker nor the producer.
 """
@@ -100,6 +100,30 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                              device=args.device, precision=args.precision or default_precision(args.device))
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from vela2.evaluation import eval_command
+
+    return eval_command(args.checkpoint, args.rows, json_path=args.json, device=args.device,
+                        precision=args.precision or default_precision(args.device),
+                        max_batch_tokens=args.max_batch_tokens)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from vela2.training import TrainOptions, train_command
+
+    given = {k: getattr(args, k) for k in ("epochs", "lr", "max_batch_tokens", "seed", "span_pos_weight")}
+    options = TrainOptions(full=args.full, precision=args.precision or default_precision(args.device),
+                           save_every=args.save_every, **{k: v for k, v in given.items() if v is not None})
+    return train_command(args.checkpoint, args.train, args.out, dev_path=args.dev, options=options,
+                         device=args.device, resume=args.resume)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from vela2.importing import import_command
+
+    return import_command(args.hf_dir, args.out, name=args.name, window=args.window)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vela2", description="Vela 2 streaming scorer")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -129,6 +153,46 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="default as the worker's: bf16 on CUDA, fp32 elsewhere")
     s.set_defaults(func=cmd_calibrate)
+
+    s = sub.add_parser("eval", help="per task accuracy / F1 / NLL / ECE of a checkpoint on labelled rows")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("rows", help="labelled JSONL (rows with 'gold', as for calibrate)")
+    s.add_argument("--json", help="write the report as JSON here")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="default as the worker's: bf16 on CUDA, fp32 elsewhere")
+    s.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS)
+    s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("train", help="train the heads (or all) of a checkpoint on labelled rows")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("train", help="labelled JSONL (rows with 'gold', as for calibrate)")
+    s.add_argument("--dev", help="labelled JSONL the calibration is fitted on at the end")
+    s.add_argument("--out", required=True, help="directory of the trained checkpoint")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--heads-only", dest="full", action="store_false", help="train the heads only (default)")
+    mode.add_argument("--full", dest="full", action="store_true", help="train the backbone too")
+    # None: TrainOptions' default (vela2.training), so that --help does not import torch
+    s.add_argument("--epochs", type=int, default=None, help="passes over TRAIN (default 3)")
+    s.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 1e-3)")
+    s.add_argument("--max-batch-tokens", type=int, default=None,
+                   help="padded tokens per step: longest sequence x sequences (default 4096)")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="default as the worker's: bf16 (autocast) on CUDA, fp32 elsewhere")
+    s.add_argument("--seed", type=int, default=None, help="batch order and head initialisation (default 0)")
+    s.add_argument("--save-every", type=int, default=0, help="write OUT/train-state.pt every N steps (0: never)")
+    s.add_argument("--resume", action="store_true", help="continue from OUT/train-state.pt")
+    s.add_argument("--span-pos-weight", type=float, default=None,
+                   help="weight of positive word x label units in the span loss (default 5)")
+    s.set_defaults(func=cmd_train, full=False)
+
+    s = sub.add_parser("import", help="make a Vela 2 checkpoint of a local transformers decoder directory")
+    s.add_argument("hf_dir", help="directory with config.json, *.safetensors and tokenizer.json")
+    s.add_argument("out")
+    s.add_argument("--name", help="model name (default: the directory's name)")
+    s.add_argument("--window", type=int, default=None, help="max_window_tokens (default 2048)")
+    s.set_defaults(func=cmd_import)
 
     for name, ep in sorted(plugins().items()):
         sub.add_parser(name, help=_first_line(ep), add_help=False)
@@ -174,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     except Vela2Error as e:
         print(f"vela2 {args.command}: {e}", file=sys.stderr)
         return 2
-    except FileNotFoundError as e:
+    except (FileNotFoundError, PermissionError) as e:  # "[Errno 13] Permission denied: 'path'"
         print(f"vela2 {args.command}: {e}", file=sys.stderr)
         return 2
     except ImportError as e:

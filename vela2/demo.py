@@ -2,6 +2,8 @@
 trained offline on generated text. `vela2 init-demo DIR` writes it; everything runs on a fresh
 machine with no download. Its heads are scaled so that outputs are spread out (option logits with
 std >= 1, a share of span units above 0.5) and every decode path is exercised.
+The checkpoint carries a one-line `description.txt` saying what it is (`vela2 demo` prints it):
+its answers mean nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from vela2.modeling import Vela2Model
 
 DEMO_NAME = "vela2-demo"
 SEED = 20261129
+DESCRIPTION_FILE = "description.txt"  # one line: what the model is (printed by `vela2 demo`)
+RANDOM_DESCRIPTION = ("a 2-layer demo scorer with seeded RANDOM weights: its answers exercise every code path "
+                      "and mean nothing (a model of your own: README, \"Using a real model\")")
 
 _WORDS = """the of and to in is was for on that with as by at from it be this are or an have not
 which but were his her they their has had been one all we there can more when who will would
@@ -198,9 +203,10 @@ def _spread_heads(model: Vela2Model) -> None:
 
 
 def init_demo(path: str | Path) -> Path:
-    """Write the demo checkpoint to `path` (deterministic); returns the path."""
+    """Write the demo checkpoint to `path` (deterministic), with its DESCRIPTION_FILE; returns the path."""
     from vela2.checkpoint import save
 
     path = Path(path)
     save(build_demo_model(), path)
+    (path / DESCRIPTION_FILE).write_text(RANDOM_DESCRIPTION + "\n")
     return path

@@ -31,6 +31,8 @@ def test_demo_runs_on_fakeredis_when_redis_server_is_missing(demo_dir, monkeypat
     assert demo.run_demo(checkpoint=demo_dir) == 0
     out = capsys.readouterr().out
     assert "fakeredis TcpFakeServer" in out and "demo OK" in out
+    assert "the model: a 2-layer demo scorer with seeded RANDOM weights" in out  # says its answers mean nothing
+    assert "text 'The sky is green over the city today.'; asked: Is the sky green?" in out
     for rid in (
         "demo-choice",
         "demo-score",
