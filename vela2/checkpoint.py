@@ -76,15 +76,16 @@ def save(model: Vela2Model, path: str | Path, *, shard_max_bytes: int | None = N
     (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
-def _weight_files(path: Path) -> dict[str, Path]:
-    """tensor name -> file holding it."""
+def weight_files(path: Path, missing_hint: str = "") -> dict[str, Path]:
+    """tensor name -> file holding it, from the shard index or the single safetensors file (a Vela 2
+    checkpoint, or a transformers directory being imported); `missing_hint` ends the error's message."""
     if (path / INDEX).is_file():
         index = json.loads((path / INDEX).read_text())
         return {name: path / fname for name, fname in index["weight_map"].items()}
     if (path / WEIGHTS).is_file():
         with safe_open(str(path / WEIGHTS), framework="pt") as f:
             return dict.fromkeys(f.keys(), path / WEIGHTS)
-    raise CheckpointError(f"{path} holds neither {WEIGHTS} nor {INDEX}")
+    raise CheckpointError(f"{path} holds neither {WEIGHTS} nor {INDEX}{missing_hint}")
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -112,7 +113,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
         model = Vela2Model(config, tokenizer, calibration, build_backbone(config))
     model.to_empty(device=device)
     expected = set(model.state_dict())
-    files = _weight_files(path)
+    files = weight_files(path)
     missing, unexpected = expected - set(files), set(files) - expected
     if missing or unexpected:
         raise CheckpointError(

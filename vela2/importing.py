@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from vela2.calibration import Calibration
-from vela2.checkpoint import INDEX, WEIGHTS, _bf16_weight_names
+from vela2.checkpoint import INDEX, WEIGHTS, _bf16_weight_names, weight_files
 from vela2.config import HeadsConfig, SpecialTokens, Vela2Config
 from vela2.errors import CheckpointError
 from vela2.modeling import OptionHead, SpanHead, Vela2Model, build_backbone
@@ -75,17 +75,6 @@ def check_offsets(tok: Tokenizer) -> None:
     if not offsets or covered == 0 or any(not 0 <= s <= e <= len(_OFFSET_PROBE) for s, e in offsets):
         raise CheckpointError(f"the tokenizer gives no usable character offsets (a probe of {len(_OFFSET_PROBE)} "
                               f"characters got {len(offsets)} tokens covering {covered} characters)")
-
-
-def _weight_files(hf_dir: Path) -> dict[str, Path]:
-    """tensor name -> file, from the index or the single safetensors file."""
-    if (hf_dir / INDEX).is_file():
-        index = json.loads((hf_dir / INDEX).read_text())
-        return {name: hf_dir / fname for name, fname in index["weight_map"].items()}
-    if (hf_dir / WEIGHTS).is_file():
-        with safe_open(str(hf_dir / WEIGHTS), framework="pt") as f:
-            return dict.fromkeys(f.keys(), hf_dir / WEIGHTS)
-    raise CheckpointError(f"{hf_dir} holds neither {WEIGHTS} nor {INDEX} (only safetensors weights are imported)")
 
 
 def _target_name(name: str) -> str | None:
@@ -142,7 +131,8 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
 
     out.mkdir(parents=True, exist_ok=True)
     writer = _ShardWriter(out, shard_max_bytes)
-    for name_in, path in sorted(_weight_files(hf_dir).items(), key=lambda kv: (str(kv[1]), kv[0])):
+    files = weight_files(hf_dir, " (only safetensors weights are imported)")
+    for name_in, path in sorted(files.items(), key=lambda kv: (str(kv[1]), kv[0])):
         target = _target_name(name_in)
         if target is None:
             continue
