@@ -524,12 +524,12 @@ class Engine:
         content digest: hashing its canonical JSON costs the engine thread nothing here)."""
         c0 = time.thread_time()
         try:
-            if systemone.is_system_one(req.obj):
-                parsed = systemone.parse_request(req.obj)
+            parsed, obj = None, req.obj
+            if systemone.is_system_one(obj):
+                parsed = systemone.parse_request(obj)
                 systemone.check_model(parsed, self.model.name)
-                prep = self.pipeline.prepare(self.model, systemone.to_row(parsed, self.model.calibration))
-                return prep, parsed, request_digest(req.obj)
-            return self.pipeline.prepare(self.model, req.obj), None, request_digest(req.obj)
+                obj = systemone.to_row(parsed, self.model.calibration)
+            return self.pipeline.prepare(self.model, obj), parsed, request_digest(req.obj)
         finally:
             self.stats.charge("render", time.thread_time() - c0)
 
