@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
+from vela2 import staging
 from vela2.calibration import choice_probs, expected_value, sigmoid
 from vela2.errors import ModelError
 from vela2.modeling import HeadInputs, Vela2Model
@@ -116,11 +117,13 @@ def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_to
         layout.options.append(seq_opts)
         layout.labels.append(seq_labels)
 
-    def t(x: list[tuple[int, int]]) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.long).reshape(-1, 2).to(device, non_blocking=True)
+    def pairs(x: list[tuple[int, int]]) -> np.ndarray:
+        return np.array(x, dtype=np.int64).reshape(-1, 2)
 
-    tensors = [torch.from_numpy(a).to(device, non_blocking=True) for a in (ids, pos, parts, segs)]
-    return (*tensors, HeadInputs(t(opt_idx), t(word_idx), t(label_idx)), layout)
+    # one copy to the device for all seven (vela2.staging: pinned, so it never waits on the device)
+    ids_t, pos_t, parts_t, segs_t, opt_t, word_t, label_t = staging.to_device(
+        [ids, pos, parts, segs, pairs(opt_idx), pairs(word_idx), pairs(label_idx)], device)
+    return ids_t, pos_t, parts_t, segs_t, HeadInputs(opt_t, word_t, label_t), layout
 
 
 def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
@@ -143,8 +146,9 @@ class Launched:
     layout: _Layout
     blocks: list[tuple[int, int, slice, slice]]
     n_options: int
-    host: torch.Tensor  # (options + span entries,) fp32, filled by the queued device -> host copy
+    host: np.ndarray  # (options + span entries,) fp32, filled by the queued device -> host copy
     event: Any = None  # torch.cuda.Event recorded after the copy (None on a CPU: already done)
+    pinned: Any = None  # the staging buffer `host` lives in (vela2.staging), given back by outputs()
 
     def done(self) -> bool:
         return self.event is None or self.event.query()
@@ -152,7 +156,11 @@ class Launched:
     def outputs(self) -> list[SeqOutput]:
         if self.event is not None:
             self.event.synchronize()  # waits with the GIL released
-        flat = self.host.numpy()
+        flat = self.host
+        if self.pinned is not None:  # the outputs must not alias a buffer the next batch reuses
+            flat = flat.copy()
+            staging.release(self.pinned)
+            self.pinned = None
         opt_host = flat[: self.n_options]
         outs = [SeqOutput() for _ in range(self.n_sequences)]
         for b, seq_opts in enumerate(self.layout.options):
@@ -183,12 +191,11 @@ def launch_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
     span_flat = span_logits(words, labels, blocks, model.span_head)  # (sum of W x K,)
     flat_dev = torch.cat([opt.float().reshape(-1), span_flat])
     if not flat_dev.is_cuda:
-        return Launched(len(sequences), layout, blocks, opt.numel(), flat_dev)
-    host = torch.empty(flat_dev.shape, dtype=torch.float32, pin_memory=True)
-    host.copy_(flat_dev, non_blocking=True)
+        return Launched(len(sequences), layout, blocks, opt.numel(), flat_dev.numpy())
+    host, pinned = staging.from_device(flat_dev)
     event = torch.cuda.Event()
     event.record()
-    return Launched(len(sequences), layout, blocks, opt.numel(), host, event)
+    return Launched(len(sequences), layout, blocks, opt.numel(), host, event, pinned)
 
 
 SPAN_CHUNK_ELEMENTS = 1 << 24  # largest word x label product one span matmul computes (64 MB fp32)
@@ -225,7 +232,7 @@ def span_logits(words: torch.Tensor, labels: torch.Tensor, blocks: list[tuple[in
             ((np.arange(ws.start, ws.stop) - wa)[:, None] * (lb - la) + (np.arange(ls.start, ls.stop) - la)[None, :])
             .reshape(-1) for ws, ls in members])
         product = words[wa:wb] @ labels[la:lb].T  # (words of the run, labels of the run)
-        pieces.append(product.reshape(-1)[torch.from_numpy(index).to(words.device, non_blocking=True)])
+        pieces.append(product.reshape(-1)[staging.to_device([index], words.device)[0]])
     flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
     return (flat * head.scale + head.bias).float()
 
