@@ -46,6 +46,7 @@ from producer.client import (
     result_expired_error,
 )
 from vela2.schemas import RowResult
+from vela2.wire import tracing
 from vela2.wire.keys import queue_name, submitted_key
 from vela2.wire.messages import Message, deadline_to_expires
 from vela2.wire.results import (
@@ -203,6 +204,7 @@ class AsyncClient:
         self.track_submitted = track_submitted
         self.submitted_ttl_s = submitted_ttl_s
         self.scope = Scope(tenant)  # ids of a tenant never meet another's (producer.client.Scope)
+        tracing.configure("vela2-producer")  # only when OTEL_* variables ask for traces (vela2.wire.tracing)
         self._poll = (poll_min_s, poll_max_s)
         self.poller = _Poller(self.redis, poll_min_s, poll_max_s)
 

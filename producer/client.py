@@ -44,6 +44,7 @@ from pydantic import BaseModel
 from vela2.config import LIMITS
 from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
 from vela2.schemas import RowResult, error_result, parse_row
+from vela2.wire import tracing
 from vela2.wire.keys import queue_name, result_key, scoped_id, submitted_key, tenant_problem, unscoped_id
 from vela2.wire.messages import Message, build_message, deadline_to_expires, request_digest, with_id
 from vela2.wire.results import (
@@ -210,6 +211,7 @@ def pack_messages(
                     chunk=chunk_size > 1,
                     expires=expires,
                     max_message_bytes=max_message_bytes,
+                    extra_headers=tracing.message_headers(queue, tuple(rid for rid, _ in part)),
                 )
             )
         except LimitExceeded as e:
@@ -321,6 +323,7 @@ class Client:
         # answer cannot be told from one not written yet, and waits on it last their whole timeout.
         self.track_submitted = track_submitted
         self.submitted_ttl_s = submitted_ttl_s
+        tracing.configure("vela2-producer")  # only when OTEL_* variables ask for traces (vela2.wire.tracing)
 
     def __enter__(self) -> Client:
         return self

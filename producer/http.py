@@ -101,6 +101,7 @@ from vela2.errors import (
 from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
 from vela2.schemas import ErrorInfo, Status
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, error_answer, parse_request, request_schema
+from vela2.wire import tracing
 from vela2.wire.keys import HEARTBEAT_S, queue_name, workers_key
 
 log = logging.getLogger(__name__)
@@ -262,6 +263,17 @@ def create_app(
         description=f"SystemOne requests for model `{model}`, answered by the Vela 2 workers through Redis.",
         lifespan=lifespan,
     )
+
+    if tracing.configure("vela2-http"):  # only when OTEL_* variables ask for traces (or the app set its own)
+
+        @app.middleware("http")
+        async def _join_trace(request: Request, call_next: Any) -> Any:
+            """The caller's W3C trace context becomes the parent of the request's vela2.submit span."""
+            token = tracing.incoming(request.headers)
+            try:
+                return await call_next(request)
+            finally:
+                tracing.detach(token)
 
     def client(tenant: str | None = None) -> AsyncClient:
         """The client of a caller's tenant: its ids are scoped to it (producer.client.Scope)."""

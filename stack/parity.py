@@ -277,7 +277,8 @@ def systemone_section(model, precision: str) -> dict[str, Any]:
 def format_report(report: dict[str, Any]) -> str:
     """The seed-format text report."""
     r = report["rendering"]
-    lines = [f"Vela 2 parity: {report['checkpoint']} ({report['model']}), device {report['device']}", "",
+    lines = [f"Vela 2 parity: {report['checkpoint']} ({report['model']}, checkpoint digest {report.get('digest')}), "
+             f"device {report['device']}", "",
              f"Rows: {', '.join(f'{k} {v}' for k, v in report['row_counts'].items())} = {report['rows']} rows.",
              "", "Rendering (predict() renders vs worker renders)", "",
              "rows\tsequences (incl. windows)\tmismatches\tparts ids\tblocks\tword positions / offsets\twindow count",
@@ -407,7 +408,7 @@ def run_parity(checkpoint: str, rows: list[dict], *, redis_url: str | None = Non
         if p != "bf16":
             rendering["mismatches"] += rendering_section(predicted[p], worker_out[p])["mismatches"]
     report = {
-        "checkpoint": str(checkpoint), "model": fp32.name, "device": device, "rows": len(rows),
+        "checkpoint": str(checkpoint), "model": fp32.name, "digest": fp32.digest, "device": device, "rows": len(rows),
         "row_counts": type_counts(rows), "rendering": rendering,
         "comparisons": [c.to_dict() for c in comparisons],
         "bundled_vs_single": vars(bundles["fp32"]), "bundle_precision": "fp32",

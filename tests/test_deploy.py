@@ -170,9 +170,9 @@ def test_worker_image_gpu_checkpoint_and_health(compose):
     assert (ckpt, True) in mounts, mounts
     assert _flag(cmd, "--device") == "cuda:0"
     assert int(_flag(cmd, "--visibility-timeout-s")) >= 600
-    # the healthcheck reads the port the worker serves its metrics on
+    # the healthcheck asks the worker's readiness on the port it serves its metrics on
     port = _flag(cmd, "--metrics-port")
-    assert f":{port}/metrics" in " ".join(worker["healthcheck"]["test"])
+    assert f":{port}/readyz" in " ".join(worker["healthcheck"]["test"])
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
     assert _seconds(worker["stop_grace_period"]) >= 90
     assert worker.get("stop_signal", "SIGTERM") == "SIGTERM"
@@ -331,7 +331,7 @@ def test_keda_scaledobject():
         assert re.fullmatch(r"[\w.-]+:\d+", t["metadata"]["address"])
     # LLEN misses delivered-but-unacked messages: a prometheus trigger counts them
     [prom] = [t for t in triggers if t["type"] == "prometheus"]
-    assert 'queue="unacked"' in prom["metadata"]["query"] and prom["metadata"]["query"].startswith("max(")
+    assert "vela2_unacked_messages" in prom["metadata"]["query"] and prom["metadata"]["query"].startswith("max(")
     # the formula sums every trigger, by name
     mods = so["spec"]["advanced"]["scalingModifiers"]
     assert set(re.findall(r"[A-Za-z_]\w*", mods["formula"])) == {t["name"] for t in triggers}
@@ -340,6 +340,9 @@ def test_keda_scaledobject():
     assert pod["terminationGracePeriodSeconds"] >= 90
     [container] = pod["containers"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["startupProbe"]["httpGet"]["path"] == container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert _flag(container["args"], "--metrics-host") == "0.0.0.0"  # probes come from the kubelet, not loopback
     assert _flag(container["args"], "--device") == "cuda:0"
     ckpt = _flag(container["args"], "--checkpoint")
     assert {"mountPath": ckpt, "name": "checkpoint", "readOnly": True} in container["volumeMounts"]

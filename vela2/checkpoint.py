@@ -5,8 +5,10 @@ calibration.json. Release weights keep backbone Linear / Conv1D weights in bf16,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -24,6 +26,36 @@ log = logging.getLogger(__name__)
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+IDENTITY_FILES = ("config.json", "tokenizer.json", "calibration.json")  # hashed into the digest beside the weights
+DIGEST_CHUNK = 16 << 20  # bytes read per hash update (hashlib releases the GIL on large updates)
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(DIGEST_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def digest(path: str | Path, *, random_weights: bool = False) -> str:
+    """The checkpoint's identity (32 hex digits): blake2b over the bytes of its config, tokenizer,
+    calibration and weight files, in name order. A re-calibrated or re-trained checkpoint gets a new
+    digest even under the same model name; every stored answer carries it (RowResult.served_by).
+    Reads every weight file once, files in parallel threads (a 9B checkpoint: ~18 GB). With
+    `random_weights` (benchmarks) the weights are not read and the digest says so."""
+    path = Path(path)
+    files = [path / name for name in IDENTITY_FILES if (path / name).is_file()]
+    if not random_weights:
+        files += sorted(set(weight_files(path).values()))
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(files)))) as pool:
+        parts = list(pool.map(_file_digest, files))
+    outer = hashlib.blake2b(digest_size=16)
+    for f, part in zip(files, parts, strict=True):
+        outer.update(f"{f.name}\0{part}\0".encode())
+    if random_weights:
+        outer.update(b"random-weights")
+    return outer.hexdigest()
 
 
 def _bf16_weight_names(model: Vela2Model) -> set[str]:
@@ -89,7 +121,7 @@ def weight_files(path: Path, missing_hint: str = "") -> dict[str, Path]:
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-         *, random_weights: bool = False) -> Vela2Model:
+         *, random_weights: bool = False, checkpoint_digest: str | None = None) -> Vela2Model:
     """Load a checkpoint directory onto `device`.
 
     `dtype` is the dtype the backbone is held in: float32 (runs precision fp32 and bf16 autocast,
@@ -98,6 +130,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     random initialisation and no second copy in host memory.
     `random_weights=True` (benchmarks only) ignores stored weights and builds seeded random ones
     on the device: a config + tokenizer directory is then enough to serve a 9B-shaped model.
+    `checkpoint_digest`: the checkpoint's `digest` when the caller has it already (else computed).
     """
     path = Path(path)
     config = Vela2Config.read(path)
@@ -108,7 +141,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     calibration = Calibration.read(path)
     if random_weights:
         log.warning("%s: serving RANDOM weights (benchmark mode), not the stored ones", config.name)
-        return Vela2Model.random(config, tokenizer, calibration, device=device, dtype=dtype)
+        model = Vela2Model.random(config, tokenizer, calibration, device=device, dtype=dtype)
+        model.digest = checkpoint_digest or digest(path, random_weights=True)
+        return model
     with torch.device("meta"):
         model = Vela2Model(config, tokenizer, calibration, build_backbone(config))
     model.to_empty(device=device)
@@ -137,7 +172,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     _rebuild_rotary(model.backbone, device)
     model.backbone.to(dtype)
     model.eval()
-    log.info("loaded %s from %s on %s (%s backbone)", config.name, path, device, dtype)
+    model.digest = checkpoint_digest or digest(path)
+    log.info("loaded %s from %s on %s (%s backbone), digest %s", config.name, path, device, dtype, model.digest)
     return model
 
 

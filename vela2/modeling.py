@@ -106,6 +106,7 @@ class Vela2Model(nn.Module):
         self.tokenizer = tokenizer  # a `tokenizers.Tokenizer`
         self.calibration = calibration
         self.backbone = backbone
+        self.digest: str | None = None  # the checkpoint's (vela2.checkpoint.digest); None: built in memory
         hidden = config.hidden_size
         self.option_head = OptionHead(hidden, config.heads.option_hidden)
         self.span_head = SpanHead(hidden, config.heads.span_dim)

@@ -23,7 +23,7 @@ from vela2.errors import ModelError
 from vela2.modeling import HeadInputs, Vela2Model
 from vela2.packing import plan_rows
 from vela2.rendering import RenderedRow, Sequence, render_row
-from vela2.schemas import Answer, Row, RowResult, SpanOut, Status, Units, parse_row, split_task
+from vela2.schemas import Answer, ModelInfo, Row, RowResult, SpanOut, Status, Units, parse_row, split_task
 from vela2.spans import decode_spans, rules_for
 
 
@@ -344,10 +344,12 @@ def _option_answer(model: Vela2Model, prep: Prepared, q: int, task: str, logits:
     return Answer(question=q, task=task, probs=dict(zip(options, probs.tolist(), strict=True)), **fields)
 
 
-def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings: dict[str, float]) -> RowResult:
+def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings: dict[str, float],
+           precision: str) -> RowResult:
     """Pool windows, calibrate and decode: the RowResult of one prepared row.
 
-    outputs: one SeqOutput per sequence of `prep`, in window order. `timings` gets decode_ms.
+    outputs: one SeqOutput per sequence of `prep`, in window order, run at `precision` (the result's
+    `served_by` names it beside the model's name and digest). `timings` gets decode_ms.
     Raises ModelError when an output or a number of the answer is not finite.
     """
     if len(outputs) != len(prep.sequences):
@@ -370,7 +372,8 @@ def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings:
     timings = {**timings, "render_ms": prep.render_ms, "decode_ms": (time.perf_counter() - t0) * 1e3}
     return RowResult(id=row.id, task=row.task, status=Status.ok, answers=answers,
                      timings={k: round(v, 3) for k, v in timings.items()},
-                     render=render_digest(prep.rendered) if row.logits else None)
+                     render=render_digest(prep.rendered) if row.logits else None,
+                     served_by=ModelInfo(name=model.name, digest=model.digest, precision=precision))
 
 
 def render_digest(rendered: RenderedRow) -> dict[str, Any]:

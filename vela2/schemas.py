@@ -321,6 +321,15 @@ class Answer(BaseModel):
     logits: list[float] | None = None  # raw option logits (options then [ABS]) when the row asked
 
 
+class ModelInfo(BaseModel):
+    """Which model answered: the served model's name, its checkpoint digest (weights, calibration,
+    tokenizer, config: vela2.checkpoint.digest; None for a model built in memory) and the precision."""
+
+    name: str
+    digest: str | None = None
+    precision: str
+
+
 class RowResult(BaseModel):
     """One result per request id, whatever path produced it."""
 
@@ -333,6 +342,7 @@ class RowResult(BaseModel):
     error: ErrorInfo | None = None
     timings: dict[str, float] | None = None
     render: dict[str, Any] | None = None  # rendering digests, when the row asked for logits (parity)
+    served_by: ModelInfo | None = None  # set on every answer the model made (status ok)
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

@@ -71,6 +71,7 @@ from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, Vela2Erro
 from vela2.schemas import (
     ErrorInfo,
     FieldRange,
+    ModelInfo,
     Question,
     Row,
     RowResult,
@@ -341,6 +342,7 @@ class SystemOneAnswer(BaseModel):
     tasks: dict[str, TaskAnswer] | None = None  # task name -> answer, in request order
     timings: dict[str, float] | None = None  # queue_ms / render_ms / model_ms / decode_ms of the row
     error: ErrorInfo | None = None
+    served_by: ModelInfo | None = None  # the model that answered (name, checkpoint digest, precision)
 
 
 def _short(value: Any) -> str:
@@ -460,6 +462,8 @@ def to_answer(request: SystemOneRequest, row_result: RowResult) -> dict[str, Any
     out = {**base, "status": Status.ok.value, "tasks": tasks}
     if row_result.timings is not None:
         out["timings"] = dict(row_result.timings)
+    if row_result.served_by is not None:
+        out["served_by"] = row_result.served_by.model_dump(mode="json")
     return out
 
 

@@ -19,11 +19,12 @@ import sys
 from functools import partial
 from typing import Any
 
-from celery import Celery, Task, bootsteps
+from celery import Celery, Task, bootsteps, signals
 from kombu import Queue
 
 from vela2.errors import Vela2Error
 from vela2.wire import keys
+from worker import logs
 from worker.broker import ssl_options
 from worker.engine import Delivery, Engine
 from worker.settings import WorkerSettings
@@ -161,6 +162,9 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
         task_default_queue=queues[0] if queues else "celery",
         task_create_missing_queues=True,
     )
+    if settings.log_format == "json":
+        signals.after_setup_logger.connect(logs.use_json, weak=False)
+        signals.after_setup_task_logger.connect(logs.use_json, weak=False)
     app.vela2_settings = settings
     app.vela2_engine = None
     app.task(name=keys.TASK_NAME, base=ScoreTask, bind=True)(_score)

@@ -46,7 +46,7 @@ class Rendered:
 class ModelFiles:
     """What prepare / finish / the SystemOne steps read from a model: no weights."""
 
-    def __init__(self, checkpoint: str, name: str):
+    def __init__(self, checkpoint: str, name: str, digest: str | None = None):
         from tokenizers import Tokenizer
 
         from vela2.calibration import Calibration
@@ -57,6 +57,7 @@ class ModelFiles:
         self.tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         self.calibration = Calibration.read(path)
         self.name = name  # the served model's name (SystemOne requests must name it)
+        self.digest = digest  # the checkpoint's digest (vela2.checkpoint.digest), named in every answer
 
 
 def portable(e: BaseException) -> BaseException:
@@ -68,14 +69,14 @@ def portable(e: BaseException) -> BaseException:
         return ModelError(f"{type(e).__name__}: {e}")
 
 
-def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
+def _serve(conn: Any, checkpoint: str, model_name: str, digest: str | None, precision: str) -> None:
     """(child) Render and decode what arrives, until the pipe closes."""
     import vela2.pipeline as pipeline
     from vela2 import systemone
     from vela2.wire.messages import request_digest
     from worker.startup import freeze_startup_objects
 
-    lite = ModelFiles(checkpoint, model_name)
+    lite = ModelFiles(checkpoint, model_name, digest)
     freeze_startup_objects()  # the rows it holds rendered set off full collections too
     held: dict[int, tuple[Any, Any]] = {}
     while True:
@@ -106,7 +107,7 @@ def _serve(conn: Any, checkpoint: str, model_name: str) -> None:
                 elif op == "decode":
                     outputs, timings = payload
                     prep, parsed = held.pop(key)
-                    res = pipeline.finish(lite, prep, outputs, timings)  # type: ignore[arg-type]
+                    res = pipeline.finish(lite, prep, outputs, timings, precision)  # type: ignore[arg-type]
                     answer = systemone.to_answer(parsed, res) if parsed is not None else None
                     # the stored JSON form: a pydantic object costs the engine ~0.15 ms to unpickle
                     replies.append(("ok", op, key, (res.to_json_dict(), answer), time.thread_time() - c0))
@@ -128,8 +129,9 @@ class CpuProcesses:
     from reader threads) gets a done Future per render — (Rendered, None) — and per decode —
     (RowResult.to_json_dict(), SystemOne answer or None) —, with the CPU seconds the process spent on it."""
 
-    def __init__(self, checkpoint: str, model_name: str, n: int):
+    def __init__(self, checkpoint: str, model_name: str, n: int, digest: str | None, precision: str):
         self.checkpoint, self.model_name, self.n = str(checkpoint), model_name, n
+        self.digest, self.precision = digest, precision  # what every decoded answer's served_by names
         self.on_done: Callable[[str, int, Future, float], None] = lambda *a: None
         self._ctx = mp.get_context("spawn")
         self._slots: list[_Slot] = []
@@ -144,8 +146,8 @@ class CpuProcesses:
 
     def _spawn(self, i: int) -> _Slot:
         parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_serve, args=(child, self.checkpoint, self.model_name),
-                                 name=f"vela2-cpu-{i}", daemon=True)
+        proc = self._ctx.Process(target=_serve, name=f"vela2-cpu-{i}", daemon=True,
+                                 args=(child, self.checkpoint, self.model_name, self.digest, self.precision))
         proc.start()
         child.close()
         slot = _Slot(i, proc, parent)

@@ -65,6 +65,7 @@ class ModelSpec:
     precision: str
     attn: str = "sdpa"
     random_weights: bool = False
+    digest: str | None = None  # the checkpoint's digest, computed once by the worker (None: load computes it)
 
 
 def load_model(spec: ModelSpec) -> Any:
@@ -76,7 +77,7 @@ def load_model(spec: ModelSpec) -> Any:
     from vela2.errors import ConfigError
 
     model = vela2.load(spec.checkpoint, device=spec.device, dtype=getattr(torch, spec.dtype),
-                       random_weights=spec.random_weights)
+                       random_weights=spec.random_weights, checkpoint_digest=spec.digest)
     if spec.attn != "sdpa":
         model.set_attention(spec.attn)
     model.check_precision(spec.precision)

@@ -217,6 +217,7 @@ class Engine:
         release_held: Callable[[list[str]], None] | None = None,
         cpu: Any = None,
         device: Any = None,
+        tracing: Any = None,
     ):
         if pipeline is None:
             import vela2.pipeline as pipeline  # the model stack; tests inject a fake
@@ -229,6 +230,8 @@ class Engine:
         self.pipeline = pipeline
         self.metrics = metrics or Metrics()
         self.on_stored = on_stored  # called in the engine thread with (id, status, meta) of stored results
+        self.tracing = tracing  # worker.tracing.WorkerTracing while OpenTelemetry tracing is on, else None
+        self._traces: dict[str, Any] = {}  # id -> RequestTrace of traced requests not stored yet
         self.leases = leases  # worker.leases.Leases (hold / release per delivery tag), or None
         # removes the broker's held records of many delivery tags in one round trip (worker.broker),
         # so the acks of a turn cost one Redis call, not one each; None: each ack removes its own
@@ -279,6 +282,16 @@ class Engine:
         self._process_cpu0 = time.process_time()
         self._thread = threading.Thread(target=self._run, name="vela2-engine", daemon=True)
         self._thread.start()
+
+    @property
+    def stopping(self) -> bool:
+        """A warm shutdown has begun (stop() was called)."""
+        return self._stopping
+
+    @property
+    def held(self) -> int:
+        """Messages the engine holds now (buffered, rendering, running or storing)."""
+        return len(self._messages)
 
     def submit(self, delivery: Delivery) -> None:
         """Hand over one message (thread-safe; never blocks). After stop() it goes back to its queue."""
@@ -501,6 +514,11 @@ class Engine:
             log.error("request of message %s dead-lettered: %s", mid, why)
             self._dead(msg, dead_letter_entry(why, message_id=mid, request=obj))
         msg.pending.update(rid for rid, _ in got.requests)
+        if self.tracing is not None:
+            for rid, _ in got.requests:
+                trace = self.tracing.request(d.headers, d.received)
+                if trace is not None:
+                    self._traces[rid] = trace
         return [_Request(rid, obj, msg, d.received, got.expires) for rid, obj in got.requests]
 
     def _refuse(self, msg: _Message, ids: list[str], e: Vela2Error, raw: bytes) -> None:
@@ -573,11 +591,14 @@ class Engine:
             prep, parsed, req.rendered_digest = fut.result()
         except Exception as e:
             if not isinstance(e, Vela2Error):
-                log.exception("rendering %s failed", req.rid)
+                log.exception("rendering %s failed", req.rid, extra={"request_id": req.rid})
             self._fail(req, e)
             return
         req.system_one = parsed
         req.prep = prep
+        trace = self._traces.get(req.rid)
+        if trace is not None:
+            trace.rendered, trace.render_ms = self.clock(), prep.render_ms
         n = len(prep.sequences)
         req.outputs = [None] * n
         req.remaining = n
@@ -645,12 +666,22 @@ class Engine:
         self._in_flight = [b for b in self._in_flight if b is not items]
         self.progress = self.clock()
         try:
-            outs = _checked(items, fut.result().outputs)
+            ran = fut.result()
+            outs = _checked(items, ran.outputs)
         except Exception as e:
             self._retry += self._raised(items, e)
             return set()
         self._apply(items, outs, (self.clock() - t0) * 1e3)
+        self._trace_batch(items, ran)
         return {it.req for it in items}
+
+    def _trace_batch(self, items: list[_Seq], ran: Ran) -> None:
+        """A `vela2.batch` span linked to the traced requests that ran in it (worker.tracing)."""
+        if not self._traces:
+            return
+        traced = [t for t in (self._traces.get(r.rid) for r in {it.req: None for it in items}) if t is not None]
+        if traced:
+            self.tracing.batch(traced, ran.start, ran.end, len(items), sum(it.tokens for it in items))
 
     def _raised(self, items: list[_Seq], e: Exception) -> list[list[_Seq]]:
         """A batch raised: a sequence alone fails only its row; a larger batch gives its two halves
@@ -660,7 +691,7 @@ class Engine:
         live = [it for it in items if not it.req.closed]  # a row failed in an earlier half
         if len(live) == 1:
             req = live[0].req
-            log.warning("request %s fails alone: %s: %s", req.rid, type(e).__name__, e)
+            log.warning("request %s fails alone: %s: %s", req.rid, type(e).__name__, e, extra={"request_id": req.rid})
             self._fail(req, ModelError(f"the model failed on this request alone: {type(e).__name__}: {_clip(str(e))}"))
             return []
         if not live:
@@ -777,7 +808,7 @@ class Engine:
                 self._maybe_finalize(req.msg)
                 return True
         except Exception as e:
-            log.warning("duplicate check of %s failed (%s); running it", req.rid, e)
+            log.warning("duplicate check of %s failed (%s); running it", req.rid, e, extra={"request_id": req.rid})
         req.verdict, died = self._attempts.again(req.rid)
         if req.verdict is Verdict.POISON:
             self._dead_letter(req, died)
@@ -790,7 +821,7 @@ class Engine:
     def _dead_letter(self, req: _Request, died: int) -> None:
         """Move a poison request to the dead-letter list and answer it with a "poison" error."""
         reason = f"request crashed the worker {died} times; moved to {self._dead_key}"
-        log.error("request %s is poison: %s", req.rid, reason)
+        log.error("request %s is poison: %s", req.rid, reason, extra={"request_id": req.rid})
         self._dead(req.msg, dead_letter_entry(reason, message_id=req.msg.id, request_id=req.rid, request=req.obj,
                                               attempts=died))
         self._attempts.poisoned(req.rid)  # its counter goes once the error answer is stored, never earlier
@@ -814,11 +845,12 @@ class Engine:
                 todo += self._raised(items, e)
                 continue
             self._apply(items, outs, (self.clock() - t0) * 1e3)
+            self._trace_batch(items, ran)
 
     def _finish(self, req: _Request) -> tuple[RowResult, dict[str, Any] | None]:
         """(CPU thread) decode a row whose sequences all ran."""
         c0 = time.thread_time()
-        res = self.pipeline.finish(self.model, req.prep, req.outputs, self._timings(req))
+        res = self.pipeline.finish(self.model, req.prep, req.outputs, self._timings(req), str(self.settings.precision))
         answer = systemone.to_answer(req.system_one, res) if req.system_one is not None else None
         self.stats.charge("decode", time.thread_time() - c0)
         return res, answer
@@ -827,7 +859,7 @@ class Engine:
         try:
             res, answer = fut.result()
         except Exception as e:
-            log.exception("decoding %s failed", req.rid)
+            log.exception("decoding %s failed", req.rid, extra={"request_id": req.rid})
             res, answer = error_result(req.rid, _task_of(req), e), None
         req.prep, req.outputs = None, []  # free the rendered row and its outputs now
         self._answer(req.msg, req.rid, res, answer, req.digest)
@@ -861,6 +893,9 @@ class Engine:
         row = meta["vela2"]
         status = row["status"]
         self._to_store.append((msg, rid, meta, status))
+        trace = self._traces.get(rid)
+        if trace is not None and trace.answered is None:
+            trace.answered = self.clock()
         reason = row["error"]["type"] if status == Status.error.value and row.get("error") else None
         self.metrics.observe_result(status, reason, row.get("timings"))
 
@@ -901,6 +936,12 @@ class Engine:
                 self.on_stored([(rid, status, meta) for _, rid, meta, status in stored])
             except Exception as e:  # monitoring must never hold up acks
                 log.warning("on_stored hook failed: %s", e)
+        if self._traces:
+            now = self.clock()
+            for _, rid, _, status in stored:
+                trace = self._traces.pop(rid, None)
+                if trace is not None:
+                    self.tracing.stored(trace, rid, status, now)
         for msg, rid, _, status in stored:
             msg.pending.discard(rid)
             if status != "summary":

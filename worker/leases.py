@@ -17,6 +17,7 @@ worker serves the model; a stalled engine stops beating as it stops renewing.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -35,10 +36,13 @@ class Leases:
     """The delivery tags an engine holds, renewed from a thread of their own."""
 
     def __init__(self, redis: Any, visibility_timeout_s: float, progress: Callable[[], float] | None = None,
-                 clock: Callable[[], float] = time.monotonic, heartbeat: tuple[str, str] | None = None):
+                 clock: Callable[[], float] = time.monotonic, heartbeat: tuple[str, str] | None = None,
+                 describe: Callable[[], dict[str, Any]] | None = None):
         self.redis = redis
         # (model name, worker id): beat into keys.workers_key(model) while the engine makes progress
         self.heartbeat = heartbeat
+        self.describe = describe  # the worker's description, written with every beat (keys.worker_info_key)
+        self.beat_error: str | None = None  # why the last heartbeat failed (None: it went through)
         self.visibility_timeout_s = float(visibility_timeout_s)
         self.interval_s = max(0.2, min(_MAX_INTERVAL_S, self.visibility_timeout_s / 4))
         self.progress = progress  # when the engine last made progress (clock seconds); None: always
@@ -70,6 +74,7 @@ class Leases:
         if self.heartbeat is not None:  # a worker that stops is not ready any more
             try:
                 self.redis.zrem(keys.workers_key(self.heartbeat[0]), self.heartbeat[1])
+                self.redis.delete(keys.worker_info_key(*self.heartbeat))
             except Exception as e:  # Redis away: the beat goes stale on its own
                 log.warning("removing the heartbeat failed: %s", e)
 
@@ -82,6 +87,9 @@ class Leases:
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.workers_key(model), {worker_id: now})
         pipe.zremrangebyscore(keys.workers_key(model), "-inf", now - 60 * keys.HEARTBEAT_S)
+        if self.describe is not None:
+            info = {**self.describe(), "beat_at": now}
+            pipe.set(keys.worker_info_key(model, worker_id), json.dumps(info), ex=int(3 * keys.HEARTBEAT_S) + 1)
         pipe.execute()
 
     def stalled(self) -> bool:
@@ -127,5 +135,7 @@ class Leases:
     def _beat_safely(self) -> None:
         try:
             self.beat()
+            self.beat_error = None
         except Exception as e:  # Redis away: the next tick tries again
+            self.beat_error = f"{type(e).__name__}: {e}"
             log.warning("the heartbeat failed: %s", e)

@@ -14,12 +14,14 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vela2.packing import padded_tokens
-from vela2.wire import keys
+from vela2.wire import fleet, keys
+from worker.health import Health
+from worker.health import serve as serve_http
 from worker.retry import write_blocked_seconds
 
 log = logging.getLogger(__name__)
@@ -31,30 +33,26 @@ _FRACTION_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75
 
 
 class QueueDepthCollector(Collector):
-    """`vela2_queue_depth{queue}` read from Redis at scrape time (one pipelined round trip)."""
+    """`vela2_queue_depth{queue}` and `vela2_unacked_messages`, read from Redis at scrape time (one
+    pipelined round trip)."""
 
     def __init__(self, redis: Any, queues: list[str]):
         self.redis = redis
         self.queues = queues
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        g = GaugeMetricFamily("vela2_queue_depth", "Messages waiting in Redis, by queue; 'unacked' = "
-                              "delivered to some worker and not yet acked (buffered or running)", labels=["queue"])
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for q in self.queues:
-                for name in keys.priority_lists(q):
-                    pipe.llen(name)
-            pipe.hlen(keys.UNACKED_KEY)
-            counts = pipe.execute()
-        except Exception as e:  # a scrape must not fail because Redis is away; the gauge is just absent
+            depths = fleet.queue_depths(self.redis, self.queues)
+        except Exception as e:  # a scrape must not fail because Redis is away; the gauges are just absent
             log.warning("queue depth unavailable: %s", e)
             return
-        step = 1 + len(keys.KOMBU_PRIORITY_STEPS)
-        for i, q in enumerate(self.queues):
-            g.add_metric([q], float(sum(counts[i * step : (i + 1) * step])))
-        g.add_metric([keys.UNACKED_KEY], float(counts[-1]))
+        g = GaugeMetricFamily("vela2_queue_depth", "Messages waiting in Redis, by queue", labels=["queue"])
+        for q in self.queues:
+            g.add_metric([q], float(depths[q]))
         yield g
+        yield GaugeMetricFamily("vela2_unacked_messages", "Messages delivered to some worker (of any model) and not "
+                                "yet acked: buffered or running (kombu's unacked hash)",
+                                value=float(depths[keys.UNACKED_KEY]))
 
 
 def gpu_memory(device: str) -> dict[str, float] | None:
@@ -118,6 +116,7 @@ class Metrics:
         self.write_blocked.set_function(write_blocked_seconds)
         self.info = Gauge("vela2_worker_info", "Constant 1, labelled with what this worker serves",
                           ["model", "device", "precision"], registry=r)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
 
     def describe_worker(self, *, model: str, device: str, precision: str, redis: Any, queues: list[str],
                         gpu_memory_source: Callable[[], dict[str, float] | None] | None = None) -> None:
@@ -148,6 +147,11 @@ class Metrics:
         for stage, ms in (timings or {}).items():
             self._child(self.duration, stage).observe(ms / 1e3)
 
+    def failure_counts(self) -> dict[str, int]:
+        """Failed requests so far, by reason (what `vela2 status` shows per worker)."""
+        return {sample.labels["reason"]: int(sample.value) for metric in self.failures.collect()
+                for sample in metric.samples if sample.name.endswith("_total")}
+
     def _child(self, metric: Any, key: str) -> Any:
         """The labelled child of `metric` for `key` (a status, or a stage's `*_ms` timing name),
         looked up once: `labels()` validates and locks on every call, and the engine thread
@@ -157,8 +161,8 @@ class Metrics:
             child = self._children[(id(metric), key)] = metric.labels(key.removesuffix("_ms"))
         return child
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        """Expose the metrics on http://<host>:<port>/metrics (a daemon thread)."""
-        started = start_http_server(port, addr=host, registry=self.registry)
-        self.server = started[0] if isinstance(started, tuple) else None  # (server, thread) in newer clients
-        log.info("metrics on %s:%d", host, port)
+    def serve(self, port: int, host: str = "127.0.0.1", health: Health | None = None) -> None:
+        """Expose the metrics on http://<host>:<port>/metrics, and with `health` /livez and /readyz
+        (worker.health), from a daemon thread."""
+        self.server = serve_http(port, host, self.registry, health)
+        log.info("metrics%s on %s:%d", " and health" if health else "", host, self.server.server_port)

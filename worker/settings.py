@@ -21,6 +21,7 @@ from vela2.config import DEFAULT_MAX_BATCH_TOKENS, LIMITS, PRECISIONS, Vela2Conf
 from vela2.errors import ConfigError
 from vela2.redis_url import read_url_file
 from vela2.wire.results import DEFAULT_RESULT_EXPIRES_S
+from worker.logs import LOG_FORMATS
 
 ENV_PREFIX = "VELA2_"
 ATTN_BACKENDS = ("sdpa", "flex")
@@ -85,6 +86,10 @@ class WorkerSettings:
                                              "default is 5): a thread of the worker process (the device thread "
                                              "too, where the model runs in one) waits at most this for the GIL")
     task_events: int = setting(0, "1: send Celery task events for Flower (also on with `celery worker -E`)")
+    log_format: str = setting("text", "text: Celery's log lines; json: one JSON object per line (with the "
+                                      "request id where a line is about one request)", choices=LOG_FORMATS)
+    allow_mixed: int = setting(0, "1: start even while another live worker serves the same model name from a "
+                                  "checkpoint with another digest (a rolling upgrade); 0: refuse to start")
     engine: EngineSettings = field(default_factory=EngineSettings)
 
     @classmethod

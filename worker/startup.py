@@ -25,9 +25,10 @@ from typing import Any
 
 from kombu.utils.url import maybe_sanitize_url
 
+from vela2 import checkpoint
 from vela2.errors import ConfigError, Vela2Error
 from vela2.redis_url import warn_if_password_in_argv
-from vela2.wire import keys, taking
+from vela2.wire import fleet, keys, taking, tracing
 from vela2.wire.results import ResultStore
 from worker import faults
 from worker.broker import release_held
@@ -35,9 +36,11 @@ from worker.cpu_procs import CpuProcesses, ModelFiles
 from worker.device import ModelSpec, ProcessDevice, ThreadDevice, load_model
 from worker.engine import Engine
 from worker.faults import WARMUP_ID
+from worker.health import Health
 from worker.leases import Leases
 from worker.metrics import Metrics
 from worker.settings import EngineSettings, WorkerSettings, env_name
+from worker.tracing import WorkerTracing
 
 log = logging.getLogger(__name__)
 
@@ -126,20 +129,25 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     sys.setswitchinterval(settings.switch_interval_ms / 1e3)
     if not settings.checkpoint:
         raise ConfigError(f"no checkpoint: pass --checkpoint or set {env_name('checkpoint')}")
+    # the checkpoint's identity, hashed once here (every weight byte) and handed to each process
+    digest = checkpoint.digest(settings.checkpoint, random_weights=bool(settings.random_weights))
+    check_mixed(redis.Redis.from_url(settings.redis_url), settings.resolved_model_name(), digest,
+                bool(settings.allow_mixed))
     cpu = None
     if settings.resolved_cpu_processes():  # spawned first: they load while the model does
-        cpu = CpuProcesses(settings.checkpoint, settings.resolved_model_name(), settings.resolved_cpu_processes())
+        cpu = CpuProcesses(settings.checkpoint, settings.resolved_model_name(), settings.resolved_cpu_processes(),
+                           digest, settings.resolved_precision)
         cpu.start()
     engine_settings = settings.engine_settings()
     spec = ModelSpec(str(settings.checkpoint), settings.resolved_model_name(), settings.device, settings.resolved_dtype,
-                     settings.resolved_precision, settings.attn, bool(settings.random_weights))
+                     settings.resolved_precision, settings.attn, bool(settings.random_weights), digest)
     pipeline = faults.wrap(vela2.pipeline)
     worst_batch = partial(measure_worst_batch_s, settings=engine_settings)
     if settings.resolved_device_process():
         # the model lives in the device process; this one renders / decodes with its files only
         device: Any = ProcessDevice(spec, engine_settings.row_tokens or None, worst_batch)
         device.start()
-        model: Any = ModelFiles(spec.checkpoint, spec.model_name)
+        model: Any = ModelFiles(spec.checkpoint, spec.model_name, digest)
         worst_s = device.worst_s
     else:
         model = load_model(spec)
@@ -152,17 +160,24 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     metrics.describe_worker(model=model.name, device=settings.device, precision=settings.resolved_precision,
                             redis=client, queues=keys.queues(model.name),
                             gpu_memory_source=(lambda: device.memory) if isinstance(device, ProcessDevice) else None)
+    health = Health(model.name, digest)
     if settings.metrics_port:
-        metrics.serve(settings.metrics_port, settings.metrics_host)
+        metrics.serve(settings.metrics_port, settings.metrics_host, health)
     worker_id = f"{socket.gethostname()}:{os.getpid()}:{settings.device}"
+    describe = Description(worker_id, model.name, settings.device, settings.resolved_precision, digest,
+                           lambda: engine, metrics)
     leases = Leases(redis.Redis.from_url(settings.redis_url), settings.visibility_timeout_s,
-                    progress=lambda: engine.progress, heartbeat=(model.name, worker_id))
+                    progress=lambda: engine.progress, heartbeat=(model.name, worker_id), describe=describe)
     broker = redis.Redis.from_url(settings.redis_url)
+    traced = WorkerTracing(model.name, digest) if tracing.configure("vela2-worker") else None
     engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored,
-                    leases=leases, release_held=partial(release_held, broker), cpu=cpu, device=device)
+                    leases=leases, release_held=partial(release_held, broker), cpu=cpu, device=device, tracing=traced)
+    health.stalled, health.beat_error = leases.stalled, lambda: leases.beat_error
+    health.stopping = lambda: engine.stopping
     freeze_startup_objects()
     engine.start()
     leases.start()
+    health.serving = True
     log.info(
         "vela2 engine ready: model %s on %s (%s), max_batch_tokens %d, max_wait_ms %g, worst batch %.3f s, "
         "visibility timeout %g s, max_buffered %d, render / decode in %s, the model in a %s, queues %s",
@@ -179,6 +194,45 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
         ", ".join(keys.queues(model.name)),
     )
     return engine
+
+
+def check_mixed(client: Any, model_name: str, digest: str, allow: bool) -> None:
+    """Refuse to start (ConfigError) while another live worker serves `model_name` from a checkpoint
+    with another digest: its answers and ours would differ under one name. `allow` (allow_mixed, a
+    rolling upgrade): only a warning."""
+    others = fleet.other_digests(client, model_name, digest)
+    if not others:
+        return
+    listed = ", ".join(f"{w} ({d[:12]})" for w, d in sorted(others.items()))
+    if allow:
+        log.warning("serving %s from checkpoint %s beside live workers with other checkpoints: %s (allow_mixed)",
+                    model_name, digest[:12], listed)
+        return
+    raise ConfigError(f"live workers serve {model_name} from other checkpoints: {listed}; this one is "
+                      f"{digest[:12]}. Stop them, serve under another model name, or pass --allow-mixed 1 "
+                      f"({env_name('allow_mixed')}=1) for a rolling upgrade")
+
+
+class Description:
+    """The worker's description written with every heartbeat (vela2.wire.fleet; `vela2 status`)."""
+
+    def __init__(self, worker_id: str, model: str, device: str, precision: str, digest: str,
+                 engine: Callable[[], Any], metrics: Metrics):
+        self.fixed = {"worker": worker_id, "model": model, "device": device, "precision": precision,
+                      "digest": digest, "host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
+        self.engine, self.metrics = engine, metrics
+        self._last: tuple[float, int] | None = None  # (monotonic, batches) at the previous beat
+
+    def __call__(self) -> dict[str, Any]:
+        engine = self.engine()
+        stats, now = engine.stats, time.monotonic()
+        rate = None
+        if self._last is not None and now > self._last[0]:
+            rate = round((stats.batches - self._last[1]) / (now - self._last[0]), 3)
+        self._last = (now, stats.batches)
+        return {**self.fixed, "batches": stats.batches, "batches_per_s": rate, "held": engine.held,
+                "answered": dict(stats.results), "dead_lettered": stats.dead_lettered,
+                "failures": self.metrics.failure_counts()}
 
 
 # Allocations between two young collections while serving (Python's default is 700). Requests live

@@ -168,7 +168,7 @@ def test_bad_temperature_rejected(bad):
 def _finish(model, row: dict, outputs: list[SeqOutput]):
     prep = prepare(model, row)
     assert len(prep.sequences) == 1
-    return finish(model, prep, outputs, {"queue_ms": 0.0, "model_ms": 0.0})
+    return finish(model, prep, outputs, {"queue_ms": 0.0, "model_ms": 0.0}, "fp32")
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import vela2
+from vela2 import checkpoint
 from vela2.checkpoint import INDEX, WEIGHTS
 from vela2.demo import sample_rows
 from vela2.errors import CheckpointError, PrecisionError
@@ -194,3 +195,29 @@ def test_save_of_a_bf16_held_model_keeps_release_dtypes(demo_dir, tmp_path):
             assert torch.equal(a[k], b[k]), k  # bf16 weights and fp32 heads survive exactly
         else:
             np.testing.assert_allclose(a[k].numpy(), b[k].numpy(), rtol=1e-2, atol=1e-6)
+
+
+def test_the_digest_names_the_bytes_of_weights_calibration_tokenizer_and_config(demo_dir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(demo_dir, copy)
+    first = checkpoint.digest(demo_dir)
+    assert len(first) == 32 and checkpoint.digest(copy) == first  # same bytes, same identity
+    assert checkpoint.digest(copy, random_weights=True) != first
+    cal = json.loads((copy / "calibration.json").read_text())
+    (copy / "calibration.json").write_text(json.dumps(cal, indent=2))  # same calibration, other bytes
+    recalibrated = checkpoint.digest(copy)
+    assert recalibrated != first
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    assert checkpoint.digest(copy) not in (first, recalibrated)
+
+
+def test_predict_names_the_model_its_digest_and_the_precision_in_every_answer(demo_dir, demo_model):
+    row = {"id": "id-1", "task": "choice:boolq", "text": "Is the sky blue?",
+           "questions": [{"question": "Is it?", "options": ["yes", "no"]}]}
+    for precision in ("fp32", "bf16"):
+        (res,) = vela2.predict(demo_model, [row], precision=precision)
+        assert res.to_json_dict()["served_by"] == {"name": demo_model.name, "digest": checkpoint.digest(demo_dir),
+                                                   "precision": precision}

@@ -407,7 +407,7 @@ def test_planted_runs_at_both_ends_and_across_a_window_boundary(demo_model):
     across = set(range(s1.word_start - 5, end0 + 5))  # starts in window 0 only, ends in window 1 only
     planted = {0, 1} | across | {n_words - 2, n_words - 1}
     outs = _synthetic_outputs(prep, planted, edge_garbage=4)
-    res = finish(demo_model, prep, outs, {"queue_ms": 0.0, "model_ms": 0.0})
+    res = finish(demo_model, prep, outs, {"queue_ms": 0.0, "model_ms": 0.0}, "fp32")
     offs = prep.rendered.offsets
     spans = [(s.start, s.end, s.text) for s in res.answers[0].spans]
     first, last = min(across), max(across)

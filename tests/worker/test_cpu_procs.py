@@ -19,7 +19,7 @@ from worker.cpu_procs import CpuProcesses, Rendered
 
 @pytest.fixture
 def procs(demo_dir, demo_model):
-    p = CpuProcesses(str(demo_dir), demo_model.name, 2)
+    p = CpuProcesses(str(demo_dir), demo_model.name, 2, demo_model.digest, "fp32")
     done: queue.SimpleQueue = queue.SimpleQueue()
     p.on_done = lambda op, key, fut, cpu_s: done.put((op, key, fut, cpu_s))
     p.start()
@@ -61,7 +61,7 @@ def test_rows_rendered_and_decoded_in_processes_equal_the_same_steps_in_process(
     decoded = _collect(done, len(rows))
     for k, row in enumerate(rows, 1):
         res, answer = decoded[k][1].result()
-        want = finish(demo_model, prepare(demo_model, row), outputs[k], timings)
+        want = finish(demo_model, prepare(demo_model, row), outputs[k], timings, "fp32")
         assert answer is None
         want = want.to_json_dict()
         assert set(res.pop("timings")) == set(want.pop("timings"))  # the times themselves differ
@@ -118,7 +118,7 @@ def test_a_long_work_list_answers_in_chunks(demo_dir, demo_model):
 
     rows = short_rows(100, "chunk-")
     pipe = _Pipe([("render", k, row) for k, row in enumerate(rows)])
-    _serve(pipe, str(demo_dir), demo_model.name)
+    _serve(pipe, str(demo_dir), demo_model.name, demo_model.digest, "fp32")
     assert [len(m) for m in pipe.sent] == [REPLY_CHUNK] * (100 // REPLY_CHUNK) + [100 % REPLY_CHUNK]
     assert [key for m in pipe.sent for _, _, key, _, _ in m] == list(range(100))
     assert all(status == "ok" and op == "render" for m in pipe.sent for status, op, *_ in m)

@@ -65,7 +65,7 @@ class FakePipeline:
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return [("out", s.row_id, s.window) for s in sequences]
 
-    def finish(self, model, prep, outputs, timings):
+    def finish(self, model, prep, outputs, timings, precision):
         assert [o[2] for o in outputs] == list(range(len(prep.sequences)))  # every window, in order
         row = prep.row
         answers = [

@@ -104,7 +104,7 @@ class RowPipeline:
             )
         return [("out", s.row_id, s.window) for s in sequences]
 
-    def finish(self, model, prep, outputs, timings):
+    def finish(self, model, prep, outputs, timings, precision):
         assert [o[2] for o in outputs] == list(range(len(prep.sequences)))  # every window, in order
         row = prep.row
         answers = [Answer(question=0, task=row.task, probs={"windows": float(len(outputs))})]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import urllib.request
@@ -49,13 +50,18 @@ def test_metrics_endpoint_of_a_real_worker(redis_url, start_worker):
     assert value(text, "vela2_requests_total", status="error") == 1
     assert value(text, "vela2_failures_total", reason="invalid_request") == 1
     assert value(text, "vela2_queue_depth", queue=online_queue("vela2-demo")) == 0
-    assert value(text, "vela2_queue_depth", queue="unacked") == 0
+    assert value(text, "vela2_unacked_messages") == 0
     assert value(text, "vela2_batch_size_count") >= 1
     assert value(text, "vela2_batch_tokens_sum") > 0
     assert value(text, "vela2_batch_padding_fraction_count") >= 1
     for stage in ("queue", "render", "model", "decode"):
         assert value(text, "vela2_request_duration_seconds_count", stage=stage) == len(rows)
     assert value(text, "vela2_worker_info", model="vela2-demo", device="cpu", precision="fp32") == 1
+    assert value(text, "process_resident_memory_bytes") > 50e6  # the process's own, on the same port
+    for path, key in (("/livez", "live"), ("/readyz", "ready")):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            body = json.loads(r.read())
+        assert r.status == 200 and body[key] is True and body["model"] == "vela2-demo" and len(body["digest"]) == 32
     # queue depth counts what waits: stop the worker, enqueue, scrape a fresh collector
     worker.terminate()
     for r in rows[:3]:
@@ -90,3 +96,22 @@ def test_metrics_bind_loopback_unless_told_otherwise():
     finally:
         wide.server.shutdown()
         wide.server.server_close()
+
+
+def test_every_metric_a_worker_exports_is_in_the_readme_table():
+    """The README's metrics table names every family the registry yields (and nothing else)."""
+    from pathlib import Path
+
+    import fakeredis
+
+    m = Metrics()
+    m.describe_worker(model="vela2-demo", device="cpu", precision="fp32", redis=fakeredis.FakeRedis(),
+                      queues=[online_queue("vela2-demo")])
+    # as scraped: a counter family `x` is exposed as `x_total`
+    exported = {f.name + "_total" if f.type == "counter" else f.name for f in m.registry.collect()}
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("<!-- metrics-table -->")[1]
+    documented = set(re.findall(r"^\| `([a-z0-9_]+)", table, re.M))
+    assert exported - documented == set(), "exported but not in the README table"
+    gpu_only = {"vela2_gpu_memory_bytes"}  # its collector yields nothing on a CPU
+    assert documented - exported - gpu_only == set(), "in the README table, not exported"

@@ -15,6 +15,7 @@ DEAD_SUFFIX = ".dead"
 ATTEMPTS_PREFIX = "vela2:attempts:"  # INCR per delivery that starts running a request; deleted once answered
 SUBMITTED_PREFIX = "vela2:submitted:"  # a marker a tracking client sets at submit time ("<queue> <digest>")
 WORKERS_PREFIX = "vela2:workers:"  # a sorted set per model: worker id -> its last heartbeat (unix time)
+WORKER_INFO_PREFIX = "vela2:worker:"  # per live worker: its JSON description (`vela2 status`), TTL 3 beats
 HEARTBEAT_S = 5.0  # a live worker beats this often; a reader counts one 3 beats old as gone
 
 # kombu's Redis transport: delivered, not yet acknowledged messages live in these (its defaults),
@@ -84,6 +85,12 @@ def attempts_key(request_id: str) -> str:
 def workers_key(model_name: str) -> str:
     """The heartbeats of a model's live workers (worker.leases writes, `vela2 http /readyz` reads)."""
     return f"{WORKERS_PREFIX}{model_name}"
+
+
+def worker_info_key(model_name: str, worker_id: str) -> str:
+    """A live worker's description (JSON: device, precision, checkpoint digest, batches, held
+    messages, failures by reason), rewritten with every heartbeat and gone 3 beats after the last."""
+    return f"{WORKER_INFO_PREFIX}{model_name}:{worker_id}"
 
 
 def online_queue(model_name: str) -> str:

@@ -81,9 +81,11 @@ def build_message(
     message_id: str | None = None,
     expires: datetime | None = None,
     max_message_bytes: int = LIMITS.max_message_bytes,
+    extra_headers: dict[str, Any] | None = None,
 ) -> Message:
     """Build one message for `requests` (exactly one unless `chunk`); raises LimitExceeded when the
-    JSON body is over `max_message_bytes` (the worker would refuse it)."""
+    JSON body is over `max_message_bytes` (the worker would refuse it). `extra_headers`: added to
+    Celery's (the trace context of vela2.wire.tracing)."""
     if not requests:
         raise InvalidRequest("a message needs at least one request")
     if not chunk and len(requests) != 1:
@@ -125,6 +127,7 @@ def build_message(
         "replaced_task_nesting": 0,
         "stamped_headers": None,
         "stamps": {},
+        **(extra_headers or {}),
     }
     envelope = {
         "body": base64.b64encode(body).decode("ascii"),

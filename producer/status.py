@@ -1,0 +1,121 @@
+"""`vela2 status`: the one screen an operator reads first. For each model (every model with a queue,
+a dead letter or a live worker in this Redis, or those named by --model): its queues' depths
+(online, backfill, dead letters) and its live workers, each with its device, precision, checkpoint
+digest, batches per second, held messages, answers by status and failures by reason (from the
+description every worker rewrites with its heartbeat, vela2.wire.fleet); then the messages held by
+workers of any model (kombu's unacked hash). `--json` prints the same as one JSON object.
+
+Exit status: 0; 2 for bad arguments; 3 when Redis does not answer (one line naming the URL,
+password masked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import redis
+from kombu.utils.url import maybe_sanitize_url
+
+from producer.client import DEFAULT_REDIS_URL
+from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
+from vela2.wire import fleet, keys
+
+ENV_REDIS_URL = "VELA2_REDIS_URL"  # the worker's and the producers' variable
+EXIT_REDIS_UNAVAILABLE = 3
+SCAN_COUNT = 1000  # keys per SCAN step while looking for models
+
+
+def models_in(client: Any) -> list[str]:
+    """Every model this Redis knows: one with a queue, a dead-letter list or a heartbeat set."""
+    found: set[str] = set()
+    for raw in client.scan_iter(match=f"{keys.QUEUE_PREFIX}*", count=SCAN_COUNT):
+        name = (raw.decode() if isinstance(raw, bytes) else raw)[len(keys.QUEUE_PREFIX):]
+        name = name.split(keys.KOMBU_PRIORITY_SEP)[0]
+        for suffix in (keys.BACKFILL_SUFFIX, keys.DEAD_SUFFIX):
+            name = name.removesuffix(suffix)
+        found.add(name)
+    for raw in client.scan_iter(match=f"{keys.WORKERS_PREFIX}*", count=SCAN_COUNT):
+        found.add((raw.decode() if isinstance(raw, bytes) else raw)[len(keys.WORKERS_PREFIX):])
+    return sorted(m for m in found if m)
+
+
+def gather(client: Any, models: list[str] | None = None) -> dict[str, Any]:
+    """The status as JSON-able data: {"models": {name: {"queues", "dead", "workers"}}, "unacked"}."""
+    names = models or models_in(client)
+    out: dict[str, Any] = {"at": time.time(), "models": {}}
+    unacked = 0
+    for name in names:
+        depths = fleet.queue_depths(client, keys.queues(name))
+        unacked = depths[keys.UNACKED_KEY]
+        out["models"][name] = {
+            "queues": {"online": depths[keys.online_queue(name)], "backfill": depths[keys.backfill_queue(name)]},
+            "dead": int(client.llen(keys.dead_letter(name))),
+            "workers": fleet.live_workers(client, name),
+        }
+    out["unacked"] = unacked if names else int(client.hlen(keys.UNACKED_KEY))
+    return out
+
+
+def render(status: dict[str, Any]) -> str:
+    """The status as the screen `vela2 status` prints."""
+    lines = []
+    if not status["models"]:
+        lines.append("no model has a queue or a live worker in this Redis")
+    for name, m in status["models"].items():
+        q = m["queues"]
+        lines.append(f"{name}: online {q['online']:,} | backfill {q['backfill']:,} | dead letters {m['dead']:,} | "
+                     f"live workers {len(m['workers'])}")
+        digests = {w.get("digest") for w in m["workers"] if w.get("digest")}
+        if len(digests) > 1:
+            lines.append(f"  MIXED: {len(digests)} checkpoint digests serve this model name")
+        for w in m["workers"]:
+            rate = w.get("batches_per_s")
+            answered = w.get("answered") or {}
+            failures = w.get("failures") or {}
+            lines.append(
+                f"  {w['worker']}: {w.get('device', '?')} {w.get('precision', '?')} digest "
+                f"{(w.get('digest') or '?')[:12]} | {'?' if rate is None else f'{rate:.2f}'} batches/s | "
+                f"held {w.get('held', '?')} | answered "
+                + (", ".join(f"{k} {v:,}" for k, v in sorted(answered.items())) or "none")
+                + (" | failures " + ", ".join(f"{k} {v:,}" for k, v in sorted(failures.items())) if failures else "")
+            )
+    lines.append(f"held by workers of any model (unacked): {status['unacked']:,}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `vela2 status` arguments."""
+    ap = argparse.ArgumentParser(prog="vela2 status", description=__doc__.splitlines()[0])
+    ap.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL),
+                    help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
+    ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
+                    help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
+    ap.add_argument("--model", action="append", default=None,
+                    help="only this model (repeatable); default every model found in this Redis")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """queues, live workers and failures at a glance"""
+    args = build_parser().parse_args(argv)
+    url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv,
+                        logging.getLogger("vela2.status"))
+    client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
+    try:
+        status = gather(client, args.model)
+    except redis.exceptions.RedisError as e:
+        print(f"vela2 status: Redis at {maybe_sanitize_url(url)} did not answer: {e}", file=sys.stderr)
+        return EXIT_REDIS_UNAVAILABLE
+    print(json.dumps(status, indent=1) if args.json else render(status))
+    return 0
+
+
+if __name__ == "__main__":  # from a checkout that is not installed (no entry points): python -m ...
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""--log-format json: one JSON object per log line, with the request id where a line is about one."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from worker.logs import JsonFormatter
+
+
+def test_a_record_about_a_request_carries_its_id():
+    record = logging.LogRecord("worker.engine", logging.WARNING, __file__, 1, "request %s fails alone: %s",
+                               ("r-1", "boom"), None)
+    record.request_id = "r-1"
+    out = json.loads(JsonFormatter().format(record))
+    assert out["msg"] == "request r-1 fails alone: boom" and out["request_id"] == "r-1"
+    assert out["level"] == "WARNING" and out["logger"] == "worker.engine" and out["ts"].endswith("+00:00")
+
+
+def test_a_worker_logs_json_lines(redis_url, start_worker):
+    w = start_worker(redis_url, log_format="json").wait_ready()
+    w.terminate()
+    lines = [json.loads(x) for x in w.log().splitlines() if x.startswith("{")]
+    assert any(x["msg"].startswith("vela2 engine ready: model vela2-demo") for x in lines)
+    assert all({"ts", "level", "logger", "msg"} <= set(x) for x in lines)

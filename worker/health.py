@@ -1,0 +1,88 @@
+"""The worker's HTTP surface on its metrics port: `/metrics` (Prometheus text), `/livez` and `/readyz`.
+
+- `/livez`: 200 while the engine makes progress; 503 once it has made none for a whole visibility
+  timeout (a hung device: its leases stopped renewing, so its messages go to other workers; an
+  orchestrator should restart it).
+- `/readyz`: 200 once the checkpoint is loaded, the warm-up batches ran and the engine serves;
+  503 before, while it shuts down, and while Redis does not take its heartbeat (so a load balancer
+  or `kubectl rollout` waits for real readiness, as Triton and TEI do).
+
+Both answer JSON: {"live"/"ready": bool, "reason": str, "model", "digest"}.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+log = logging.getLogger(__name__)
+
+
+class Health:
+    """What /livez and /readyz report: start-up sets `serving` once the engine runs; the callables
+    are the engine's and the leases' own views."""
+
+    def __init__(self, model: str, digest: str):
+        self.model, self.digest = model, digest
+        self.serving = False  # set once the engine runs (the model loaded and warm)
+        self.stopping: Callable[[], bool] = lambda: False  # a warm shutdown has begun
+        self.stalled: Callable[[], bool] = lambda: False  # the leases' view of engine progress
+        self.beat_error: Callable[[], str | None] = lambda: None  # the last heartbeat's failure, if any
+
+    def live(self) -> tuple[bool, str]:
+        if self.stalled():
+            return False, "the engine has made no progress for a whole visibility timeout"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        if self.stopping():
+            return False, "shutting down"
+        if not self.serving:
+            return False, "starting: loading the checkpoint and warming up"
+        if self.stalled():
+            return False, "stalled"
+        error = self.beat_error()
+        if error is not None:
+            return False, f"Redis does not take the heartbeat: {error}"
+        return True, "ok"
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        pass  # a probe every few seconds must not fill the worker's log
+
+
+def app(registry: CollectorRegistry, health: Health | None) -> Callable:
+    """The WSGI app: /livez and /readyz from `health` (404 without one), everything else metrics."""
+    metrics = make_wsgi_app(registry)
+
+    def serve(environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/livez", "/readyz") and health is not None:
+            ok, reason = health.live() if path == "/livez" else health.ready()
+            key = "live" if path == "/livez" else "ready"
+            body = json.dumps({key: ok, "reason": reason, "model": health.model, "digest": health.digest}).encode()
+            start_response("200 OK" if ok else "503 Service Unavailable",
+                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        return metrics(environ, start_response)
+
+    return serve
+
+
+def serve(port: int, host: str, registry: CollectorRegistry, health: Health | None) -> WSGIServer:
+    """Serve `app` on host:port from a daemon thread; returns the server (its port if 0 was asked)."""
+    server = make_server(host, port, app(registry, health), server_class=_Server, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="vela2-http", daemon=True).start()
+    return server
