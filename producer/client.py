@@ -43,8 +43,8 @@ from pydantic import BaseModel
 
 from vela2.config import LIMITS
 from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
-from vela2.schemas import RowResult, error_result, parse_row
-from vela2.wire.keys import queue_name, result_key, scoped_id, submitted_key, tenant_problem, unscoped_id
+from vela2.schemas import RowResult, Status, error_result, parse_row
+from vela2.wire.keys import cancel_key, queue_name, result_key, scoped_id, submitted_key, tenant_problem, unscoped_id
 from vela2.wire.messages import Message, build_message, deadline_to_expires, request_digest, with_id
 from vela2.wire.results import (
     CLAIM_ANSWERED,
@@ -86,6 +86,24 @@ def expired_row(request_id: str) -> RowResult:
 def expired_answer(request_id: str) -> dict[str, Any]:
     """The stand-in answers_many returns for an expired id (the RowResult dict of `expired_row`)."""
     return expired_row(request_id).to_json_dict()
+
+
+REQUEST_ERROR_TYPES = {InvalidRequest.code, LimitExceeded.code}  # the caller's fault -> 422
+
+
+def http_status(answer: dict[str, Any]) -> int:
+    """The HTTP status of a stored answer (producer.http's table; OpenAI-batch output lines carry it)."""
+    status = answer.get("status")
+    if status == Status.ok:
+        return 200
+    if status == Status.expired:
+        return 504
+    if status == Status.cancelled:
+        return 409
+    code = (answer.get("error") or {}).get("type")
+    if code == ModelMismatch.code:
+        return 400
+    return 422 if code in REQUEST_ERROR_TYPES else 500
 
 
 @dataclass(frozen=True)
@@ -195,10 +213,11 @@ def pack_messages(
     chunk_size: int = 1,
     expires: datetime | None = None,
     max_message_bytes: int = LIMITS.max_message_bytes,
+    job: str | None = None,
 ) -> list[Message]:
     """Messages for prepared (id, object) pairs, in order: one per request when chunk_size <= 1,
     else chunks of up to chunk_size requests. A chunk over max_message_bytes is split in halves; a
-    single request over it raises LimitExceeded naming its id."""
+    single request over it raises LimitExceeded naming its id. `job`: the bulk job they belong to."""
     out: list[Message] = []
 
     def build(part: list[tuple[str, Any]]) -> None:
@@ -210,6 +229,7 @@ def pack_messages(
                     chunk=chunk_size > 1,
                     expires=expires,
                     max_message_bytes=max_message_bytes,
+                    job=job,
                 )
             )
         except LimitExceeded as e:
@@ -390,6 +410,23 @@ class Client:
         if items:
             self._submit(self.scope.wire_items(items), self.queue_for(backfill=backfill), chunk_size, expires)
         return [rid for rid, _ in items]
+
+    def cancel(self, ids: Iterable[str]) -> list[str]:
+        """Cancel requests: a worker that has not started one answers it `cancelled` (status
+        "cancelled", error type "cancelled") without running it; one already running finishes and
+        keeps its answer. Sets a `vela2:cancel:<id>` marker per id (living `submitted_ttl_s`) and
+        reads which ids are answered already, in one round trip; returns the ids with no answer yet
+        (those the cancel can still reach). To cancel a bulk job: producer.jobs.cancel_job."""
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return []
+        wire = [self.scope.wire(rid) for rid in ids]
+        pipe = self.redis.pipeline(transaction=False)
+        for w in wire:
+            pipe.set(cancel_key(w), "1", ex=self.submitted_ttl_s)
+        pipe.mget([result_key(w) for w in wire])
+        stored = pipe.execute()[-1]
+        return [rid for rid, raw in zip(ids, stored, strict=True) if raw is None]
 
     def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:
         """id -> (its state now, its stored answer or None), with ONE MGET (no waiting)."""

@@ -87,6 +87,7 @@ from pydantic import BaseModel
 from producer.aio import AsyncClient, BoundedPool, Busy
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing, Refusal
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, result_expired_error
+from producer.client import http_status as status_code
 from vela2 import __version__
 from vela2.config import LIMITS
 from vela2.errors import (
@@ -99,7 +100,7 @@ from vela2.errors import (
     Vela2Error,
 )
 from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
-from vela2.schemas import ErrorInfo, Status
+from vela2.schemas import ErrorInfo
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, error_answer, parse_request, request_schema
 from vela2.wire.keys import HEARTBEAT_S, queue_name, workers_key
 
@@ -117,7 +118,6 @@ DEFAULT_BODY_TIMEOUT_S = 30.0  # longest a request body may take to arrive, then
 DEFAULT_HEADERS_TIMEOUT_S = 10.0  # longest a request line and headers may take to arrive, then the connection closes
 RETRY_AFTER_S = 1
 READY_STALE_S = 3 * HEARTBEAT_S  # a worker whose last heartbeat is older is not counted live
-REQUEST_ERROR_TYPES = {InvalidRequest.code, LimitExceeded.code}  # the caller's fault -> 422
 
 
 class Pending(BaseModel):
@@ -158,19 +158,6 @@ class Ready(BaseModel):
 
 class NotFound(BaseModel):
     detail: str
-
-
-def status_code(answer: dict[str, Any]) -> int:
-    """The HTTP status of a stored answer (see the module docstring's table)."""
-    status = answer.get("status")
-    if status == Status.ok:
-        return 200
-    if status == Status.expired:
-        return 504
-    code = (answer.get("error") or {}).get("type")
-    if code == ModelMismatch.code:
-        return 400
-    return 422 if code in REQUEST_ERROR_TYPES else 500
 
 
 async def read_body(request: Request, limit: int) -> bytes | LimitExceeded:

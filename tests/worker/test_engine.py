@@ -304,11 +304,11 @@ def test_a_failing_store_delays_the_ack(redis):
     real_store = engine.store.store
     calls = {"n": 0}
 
-    def flaky(items):
+    def flaky(items, jobs=None):
         calls["n"] += 1
         if calls["n"] == 1:
             raise ConnectionError("redis away")
-        return real_store(items)
+        return real_store(items, jobs)
 
     engine.store.store = flaky  # type: ignore[method-assign]
     engine.submit(broker.delivery([row("x")]))
@@ -401,7 +401,7 @@ def test_a_result_redis_will_not_take_becomes_a_storage_error_and_full_redis_is_
     real_store = engine.store.store
     calls = {"full": 2}
 
-    def picky(items):
+    def picky(items, jobs=None):
         if calls["full"]:  # Redis full for two tries: everything waits, nothing is lost
             calls["full"] -= 1
             return [redis_lib.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
