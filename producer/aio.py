@@ -90,6 +90,19 @@ class BoundedPool(aioredis.BlockingConnectionPool):
             raise
 
 
+class SyncBoundedPool(redis.BlockingConnectionPool):
+    """BoundedPool for a synchronous client (the HTTP route's bulk-job routes): Busy after the wait."""
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().get_connection(*args, **kwargs)
+        except redis.exceptions.ConnectionError as e:
+            if "No connection available" in str(e):  # redis-py's words for the pool's timeout
+                raise Busy(f"every one of the {self.max_connections} Redis connections stayed busy for "
+                           f"{self.timeout:g} s") from e
+            raise
+
+
 class _Poller:
     """Resolves futures of waited-on ids with one MGET (result + marker keys) per poll, from one
     background task: with the raw stored meta, or with EXPIRED when the marker says "answered" but
