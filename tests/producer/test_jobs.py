@@ -199,3 +199,21 @@ def test_bad_arguments_name_the_limit_and_the_value_and_create_nothing(redis, cl
     with pytest.raises(InvalidRequest, match=message.replace("(", r"\(")):
         submit_job(client, lines([row(1)]), **kw)
     assert redis.zcard(jobs_key(MODEL)) == 0
+
+
+def test_the_worker_metrics_count_jobs_by_status(redis, client):
+    from prometheus_client import generate_latest
+
+    from worker.metrics import Metrics
+
+    a = submit_job(client, lines([row(1)])).id
+    submit_job(client, lines([row(2)]))
+    cancel_job(client, a)
+    metrics = Metrics()
+    metrics.describe_worker(model=MODEL, device="cpu", precision="fp32", redis=redis, queues=[])
+    text = generate_latest(metrics.registry).decode()
+    assert 'vela2_jobs{status="cancelling"} 1.0' in text and 'vela2_jobs{status="in_progress"} 1.0' in text
+    FakeWorker(redis, MODEL).drain()
+    text = generate_latest(metrics.registry).decode()
+    assert 'vela2_jobs{status="cancelled"} 1.0' in text and 'vela2_jobs{status="completed"} 1.0' in text
+    assert 'vela2_jobs{status="in_progress"} 0.0' in text

@@ -12,14 +12,16 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import redis as redis_lib
+from prometheus_client.parser import text_string_to_metric_families
 
 from producer.client import Client
 from producer.jobs import job_info
-from stack.harness import ROOT, child_env
+from stack.harness import ROOT, child_env, free_port
 from worker.faults import TEST_DELAY_ENV
 
 pytestmark = pytest.mark.integration
@@ -39,6 +41,14 @@ def jobs_cli(redis_url: str, *args: str, timeout_s: float = 120) -> subprocess.C
                           env=child_env(), capture_output=True, text=True, timeout=timeout_s)
 
 
+def samples(port: int) -> dict[tuple[str, tuple], float]:
+    """The worker's metrics: (sample name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def wait_for(what: str, check, timeout_s: float = 120.0):
     deadline = time.monotonic() + timeout_s
     while True:
@@ -52,7 +62,9 @@ def wait_for(what: str, check, timeout_s: float = 120.0):
 
 def test_a_job_outlives_its_submitter_is_cancelled_halfway_and_reads_back_in_order(redis_url, start_worker,
                                                                                   tmp_path: Path):
-    worker = start_worker(redis_url, env={TEST_DELAY_ENV: "0.3"}, max_buffered=MAX_BUFFERED).wait_ready()
+    port = free_port()
+    worker = start_worker(redis_url, env={TEST_DELAY_ENV: "0.3"}, max_buffered=MAX_BUFFERED,
+                          metrics_port=port).wait_ready()
     n_rows = 80
     objs: list = [row(i) for i in range(n_rows)]
     objs[5] = {"custom_id": "oa-5", "body": row(5)}  # an OpenAI-batch line among rows
@@ -108,7 +120,11 @@ def test_a_job_outlives_its_submitter_is_cancelled_halfway_and_reads_back_in_ord
     assert bad_lines[-1]["id"] == "line-81" and bad_lines[-1]["error"]["type"] == "invalid_request"
     cancelled = [x for x in bad_lines if x.get("status") == "cancelled"]
     assert len(cancelled) == c["cancelled"] and all(x["error"]["type"] == "cancelled" for x in cancelled)
-    # cancelled ones never reached the device: the worker's counters say so too
+    # the worker's metrics: every cancelled request counted, and the job by its status
+    got = samples(port)
+    assert got[("vela2_requests_total", (("status", "cancelled"),))] == c["cancelled"]
+    assert got[("vela2_jobs", (("status", "cancelled"),))] == 1
+    assert got[("vela2_jobs", (("status", "in_progress"),))] == 0
     listing = jobs_cli(redis_url, "list", "--json")
     assert json.loads(listing.stdout.splitlines()[0])["id"] == job
     r = redis_lib.Redis.from_url(redis_url)
