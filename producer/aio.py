@@ -33,6 +33,7 @@ from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
     Scope,
+    cancel_commands,
     claim_commands,
     conflict_error,
     expired_answer,
@@ -44,6 +45,7 @@ from producer.client import (
     queue_commands,
     read_claims,
     result_expired_error,
+    unanswered,
 )
 from vela2.schemas import RowResult
 from vela2.wire.keys import queue_name, submitted_key
@@ -280,6 +282,15 @@ class AsyncClient:
         if items:
             await self._submit(self.scope.wire_items(items), self.queue_for(backfill=backfill), chunk_size, expires)
         return [rid for rid, _ in items]
+
+    async def cancel(self, ids: Iterable[str]) -> list[str]:
+        """Cancel requests, as `Client.cancel` (one round trip); returns the ids with no answer yet."""
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        cancel_commands(pipe, [self.scope.wire(rid) for rid in ids], self.submitted_ttl_s)
+        return unanswered(ids, await pipe.execute())
 
     async def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:
         """id -> (its state now, its stored answer or None), with ONE MGET (no waiting)."""

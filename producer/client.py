@@ -281,6 +281,18 @@ def read_claims(items: list[tuple[str, Any]], replies: list[Any]) -> Claims:
     return claims
 
 
+def cancel_commands(pipe: Any, wire_ids: list[str], ttl_s: int) -> None:
+    """Add to a (sync or asyncio) pipeline: a cancel marker per id, then one MGET of their results."""
+    for w in wire_ids:
+        pipe.set(cancel_key(w), "1", ex=ttl_s)
+    pipe.mget([result_key(w) for w in wire_ids])
+
+
+def unanswered(ids: list[str], replies: list[Any]) -> list[str]:
+    """The ids without a stored answer, from the replies of cancel_commands."""
+    return [rid for rid, raw in zip(ids, replies[-1], strict=True) if raw is None]
+
+
 def conflict_error(ids: list[str]) -> IdConflict:
     """The IdConflict naming the ids (at most 5 in the message) that already name other content."""
     shown = ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
@@ -420,13 +432,9 @@ class Client:
         ids = list(dict.fromkeys(ids))
         if not ids:
             return []
-        wire = [self.scope.wire(rid) for rid in ids]
         pipe = self.redis.pipeline(transaction=False)
-        for w in wire:
-            pipe.set(cancel_key(w), "1", ex=self.submitted_ttl_s)
-        pipe.mget([result_key(w) for w in wire])
-        stored = pipe.execute()[-1]
-        return [rid for rid, raw in zip(ids, stored, strict=True) if raw is None]
+        cancel_commands(pipe, [self.scope.wire(rid) for rid in ids], self.submitted_ttl_s)
+        return unanswered(ids, pipe.execute())
 
     def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:
         """id -> (its state now, its stored answer or None), with ONE MGET (no waiting)."""

@@ -217,3 +217,32 @@ def test_the_worker_metrics_count_jobs_by_status(redis, client):
     text = generate_latest(metrics.registry).decode()
     assert 'vela2_jobs{status="cancelled"} 1.0' in text and 'vela2_jobs{status="completed"} 1.0' in text
     assert 'vela2_jobs{status="in_progress"} 0.0' in text
+
+
+def test_a_job_whose_window_passed_ends_expired(redis, client):
+    done = submit_job(client, lines([row(i) for i in range(3)]), window_s=0.001)
+    FakeWorker(redis, MODEL).drain()  # past the window: answered expired, never scored
+    info = job_info(client, done.id)
+    assert info.status == "expired" and info.counts["expired"] == 3 and info.counts["ok"] == 0
+    assert [line["status"] for line, _ in job_lines(client, done.id)] == ["expired"] * 3
+
+
+def test_the_async_client_cancels_as_the_sync_one():
+    import asyncio
+
+    from producer.aio import AsyncClient
+
+    server = fakeredis.FakeServer()
+    redis = fakeredis.FakeRedis(server=server)
+    Client(redis=redis, model=MODEL).submit(row("q"))
+
+    async def go():
+        a = AsyncClient(redis=fakeredis.FakeAsyncRedis(server=server), model=MODEL)
+        try:
+            return await a.cancel(["r-q", "r-q"])
+        finally:
+            await a.aclose()
+
+    assert asyncio.run(go()) == ["r-q"]
+    FakeWorker(redis, MODEL).drain()
+    assert read_results(redis, ["r-q"])["r-q"].status == "cancelled"
