@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import logging
 import os
@@ -512,7 +513,7 @@ def create_app(
 
         def submit() -> dict[str, Any]:
             c = jobs_client(tenant)
-            done = jobs.submit_job(c, body.splitlines(keepends=True), window_s=window_s, metadata=meta)
+            done = jobs.submit_job(c, io.BytesIO(body), window_s=window_s, metadata=meta)  # lines, lazily
             return jobs.job_info(c, done.id).to_dict()
 
         try:

@@ -50,7 +50,7 @@ from vela2.errors import ModelError, PoisonRequest, StorageError, Vela2Error
 from vela2.packing import pack
 from vela2.schemas import RowResult, Status, cancelled_result, error_result, expired_result, guess_id_task
 from vela2.wire import keys, messages
-from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, CANCELLED_MESSAGE
+from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, ADMIT_RUN, CANCELLED_MESSAGE
 from vela2.wire.messages import request_digest
 from vela2.wire.results import ResultStore, chunk_meta, dead_letter_entry, row_meta
 from worker import retry as retry_errors
@@ -438,7 +438,7 @@ class Engine:
             codes = self.store.admission([(r.rid, r.msg.job) for r in fresh])
         except Exception as e:  # Redis away: score anyway, the write-once store keeps the first answer
             log.warning("duplicate and cancel check failed (%s); scoring without it", e)
-            codes = [0] * len(fresh)
+            codes = [ADMIT_RUN] * len(fresh)
         now_wall = datetime.now(UTC)
         for req, code in zip(fresh, codes, strict=True):
             if code == ADMIT_ANSWERED:
