@@ -91,3 +91,27 @@ def test_refusals_name_the_limit_and_the_value(redis_url, http_server):
                 "/v1/batches/{job_id}/cancel"} <= set(paths)
         assert "201" in paths["/v1/batches"]["post"]["responses"]
         assert "application/jsonl" in paths["/v1/batches"]["post"]["requestBody"]["content"]
+
+
+def test_a_tenant_sees_and_cancels_only_its_own_batches(redis_url, http_server, fake_worker, tmp_path):
+    from producer.auth import new_key
+
+    fake_worker()
+    key_a, a = new_key("acme")
+    key_b, b = new_key("beta")
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text(a.line() + "\n" + b.line() + "\n")
+    base = http_server(redis_url, "--api-keys-file", str(keys))
+    acme, beta = {"Authorization": f"Bearer {key_a}"}, {"Authorization": f"Bearer {key_b}"}
+    with httpx.Client(base_url=base, timeout=30) as http:
+        assert http.post("/v1/batches", content=jsonl([row(0)])).status_code == 401
+        job = http.post("/v1/batches", content=jsonl([row(0), row(1)]), headers=acme).json()["id"]
+        for path in (f"/v1/batches/{job}", f"/v1/batches/{job}/output"):
+            assert http.get(path, headers=beta).status_code == 404
+        assert http.post(f"/v1/batches/{job}/cancel", headers=beta).status_code == 404
+        deadline = time.monotonic() + 30
+        while (got := http.get(f"/v1/batches/{job}", headers=acme).json())["status"] != "completed":
+            assert time.monotonic() < deadline, got
+            time.sleep(0.02)
+        lines = http.get(f"/v1/batches/{job}/output", headers=acme).text.splitlines()
+        assert [json.loads(x)["id"] for x in lines] == ["r-0", "r-1"]  # the tenant's ids, as given
