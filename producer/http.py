@@ -23,7 +23,7 @@ Routes (OpenAPI at /openapi.json; no /docs page, whose scripts would come from a
   is recorded by a ``vela2:submitted:<id>`` marker that the worker turns into "answered" when it
   stores the result and that outlives the result, so an expired answer is never "pending" and
   never an endless wait. One MGET per GET.
-- ``POST /v1/batches?window_s=&metadata=``: a bulk job (producer.jobs) from a JSONL body (rows,
+- ``POST /v1/batches?window_s=&metadata=key=value``: a bulk job (producer.jobs) from a JSONL body (rows,
   SystemOne requests or OpenAI-batch lines ``{"custom_id", "body"}``) of at most ``max_batch_bytes``
   (``--max-batch-bytes``, default 64 MiB): 201 with the job once its lines are registered and queued
   (bad lines become error lines of the job). ``GET /v1/batches/{id}``: the job (status, exact
@@ -83,9 +83,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 import redis as redis_lib
@@ -95,7 +95,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, StringConstraints
 
 from producer import jobs
 from producer.aio import AsyncClient, BoundedPool, Busy, SyncBoundedPool
@@ -133,6 +133,10 @@ DEFAULT_BODY_TIMEOUT_S = 30.0  # longest a request body may take to arrive, then
 DEFAULT_HEADERS_TIMEOUT_S = 10.0  # longest a request line and headers may take to arrive, then the connection closes
 RETRY_AFTER_S = 1
 DEFAULT_MAX_BATCH_BYTES = 64 << 20  # the largest JSONL body of POST /v1/batches
+# A batch's metadata over HTTP, as OpenAI's: string pairs (within producer.jobs.MAX_METADATA_BYTES as JSON)
+MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+MetadataPair = Annotated[str, StringConstraints(
+    pattern=rf"^[^=]{{1,{MAX_METADATA_KEY_CHARS}}}=[\s\S]{{0,{MAX_METADATA_VALUE_CHARS}}}$")]
 READY_STALE_S = 3 * HEARTBEAT_S  # a worker whose last heartbeat is older is not counted live
 
 
@@ -481,11 +485,13 @@ def create_app(
             201: {"model": Batch, "description": "created: every line registered, its requests queued"},
             408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s"},
             413: {"model": ErrorAnswer, "description": "body over --max-batch-bytes"},
-            422: {"model": ErrorAnswer, "description": "window_s or metadata out of bounds"},
+            422: {"model": ErrorAnswer, "description": "no body, or window_s / metadata out of bounds"},
             **{k: v for k, v in _job_responses.items() if k != 404},
         },
+        # Any bytes but none are a valid body (no type in its schema): each line is a request, and a line
+        # that is not one becomes an error line of the job, never a refusal of the whole body.
         openapi_extra={"requestBody": {"required": True, "content": {"application/jsonl": {"schema": {
-            "type": "string",
+            "minLength": 1,
             "description": "one request a line: a row, a SystemOne request, or an OpenAI-batch line "
                            '{"custom_id": ..., "body": <row or SystemOne request>}; bad lines become error '
                            "lines of the job"}}}}},
@@ -495,7 +501,10 @@ def create_app(
         tenant: str | None = Depends(caller),
         window_s: float = Query(jobs.DEFAULT_WINDOW_S, gt=0, le=LIMITS.max_deadline_s,
                                 description="completion window: requests not started by then are answered expired"),
-        metadata: str | None = Query(None, description="a JSON object kept on the job"),
+        metadata: Sequence[MetadataPair] | None = Query(
+            None, max_length=MAX_METADATA_PAIRS, description=f"key=value pairs kept on the job (as OpenAI's: at "
+            f"most {MAX_METADATA_PAIRS}, keys of 1-{MAX_METADATA_KEY_CHARS} characters without '=', values of at "
+            f"most {MAX_METADATA_VALUE_CHARS}); repeat the parameter for each pair"),
     ) -> JSONResponse:
         try:
             async with asyncio.timeout(body_timeout_s):
@@ -504,22 +513,16 @@ def create_app(
             return _error(408, InvalidRequest(f"the request body did not arrive within {body_timeout_s:g} s"))
         if isinstance(body, LimitExceeded):
             return _error(413, body)
-        try:
-            meta = json.loads(metadata) if metadata is not None else None
-        except ValueError as e:
-            return _error(422, InvalidRequest(f"metadata is not valid JSON: {e}"))
-        if meta is not None and not isinstance(meta, dict):
-            return _error(422, InvalidRequest(f"metadata must be a JSON object; got {type(meta).__name__}"))
+        if not body:
+            return _error(422, InvalidRequest("the request body is empty: a batch needs at least one line"))
+        meta = dict(pair.split("=", 1) for pair in metadata or [])
 
         def submit() -> dict[str, Any]:
             c = jobs_client(tenant)
             done = jobs.submit_job(c, io.BytesIO(body), window_s=window_s, metadata=meta)  # lines, lazily
             return jobs.job_info(c, done.id).to_dict()
 
-        try:
-            return JSONResponse(await asyncio.to_thread(submit), status_code=201)
-        except InvalidRequest as e:  # the metadata over its size
-            return _error(422, e)
+        return JSONResponse(await asyncio.to_thread(submit), status_code=201)
 
     @app.get("/v1/batches/{job_id}", summary="A bulk job: status and exact counts", response_model=Batch,
              responses=_job_responses)

@@ -71,7 +71,7 @@ PUSH_LINES = 512  # input lines registered and queued per round trip
 READ_PAGE = 1000  # output lines read per round trip
 DEFAULT_CHUNK_SIZE = 16  # requests per queue message
 DEFAULT_POLL_S = 0.2  # pause between reads while waiting for answers
-MAX_METADATA_BYTES = 16_384  # a job's free-form metadata, as JSON
+MAX_METADATA_BYTES = 65_536  # a job's free-form metadata, as JSON (HTTP's 16 pairs of 64 + 512 characters fit)
 _SIZE_CHECK_SLACK = 1024  # lines longer than max_message_bytes minus this get an exact size check
 
 

@@ -38,11 +38,12 @@ def test_create_read_and_stream_a_batch(redis_url, http_server, fake_worker):
     base = http_server(redis_url)
     body = jsonl([row(0), {"custom_id": "c-1", "body": row(1)}, "oops", row(2)])
     with httpx.Client(base_url=base, timeout=30) as http:
-        r = http.post("/v1/batches", content=body, params={"window_s": 3600, "metadata": '{"k": 1}'},
+        r = http.post("/v1/batches", content=body, params={"window_s": 3600, "metadata": ["k=1", "team=a=b"]},
                       headers={"content-type": "application/jsonl"})
         assert r.status_code == 201, r.text
         job = r.json()
-        assert job["object"] == "batch" and job["id"].startswith("batch_") and job["metadata"] == {"k": 1}
+        assert job["object"] == "batch" and job["id"].startswith("batch_")
+        assert job["metadata"] == {"k": "1", "team": "a=b"}
         assert job["request_counts"]["total"] == 4 and job["completion_window"] == "3600s"
         done = wait_ended(http, job["id"])
         assert done["status"] == "completed"
@@ -79,10 +80,16 @@ def test_refusals_name_the_limit_and_the_value(redis_url, http_server):
     with httpx.Client(base_url=base, timeout=30) as http:
         big = http.post("/v1/batches", content=b"x" * 1001)
         assert big.status_code == 413 and "request body has 1,001 bytes; limit 1,000" in big.json()["error"]["message"]
+        empty = http.post("/v1/batches", content=b"")
+        assert empty.status_code == 422 and "body is empty: a batch needs at least one line" in empty.text
+        blank = http.post("/v1/batches", content=b"\n \n")  # lines, none a request: a job of 0 lines, done
+        assert blank.status_code == 201 and blank.json()["status"] == "completed" and blank.json()["counts"]["ok"] == 0
         window = http.post("/v1/batches", content=jsonl([row(0)]), params={"window_s": 0})
         assert window.status_code == 422 and "window_s" in window.json()["error"]["message"]
-        meta = http.post("/v1/batches", content=jsonl([row(0)]), params={"metadata": "[1]"})
-        assert meta.status_code == 422 and meta.json()["error"]["message"] == "metadata must be a JSON object; got list"
+        meta = http.post("/v1/batches", content=jsonl([row(0)]), params={"metadata": "no-pair"})
+        assert meta.status_code == 422 and "metadata.0: String should match pattern" in meta.json()["error"]["message"]
+        many = http.post("/v1/batches", content=jsonl([row(0)]), params={"metadata": [f"k{i}=v" for i in range(17)]})
+        assert many.status_code == 422 and "at most 16 items" in many.json()["error"]["message"]
         for path in ("/v1/batches/batch_nope", "/v1/batches/batch_nope/output"):
             assert http.get(path).status_code == 404
         assert http.post("/v1/batches/batch_nope/cancel").status_code == 404
