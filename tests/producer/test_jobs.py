@@ -195,7 +195,7 @@ def test_list_and_tenants_and_unknown_jobs(redis, client):
     ({"window_s": 0}, "window_s is 0; it must be > 0 and at most 2,592,000 s"),
     ({"window_s": float("nan")}, "window_s is nan"),
     ({"chunk_size": 0}, "chunk_size must be at least 1; got 0"),
-    ({"metadata": {"x": "y" * 20_000}}, "metadata has 20,008 bytes of JSON; limit 16,384"),
+    ({"metadata": {"x": "y" * 70_000}}, "metadata has 70,008 bytes of JSON; limit 65,536"),
 ])
 def test_bad_arguments_name_the_limit_and_the_value_and_create_nothing(redis, client, kw, message):
     with pytest.raises(InvalidRequest, match=message.replace("(", r"\(")):
