@@ -5,13 +5,22 @@ The exceptions a caller catches are re-exported here (all from vela2.errors): In
 request the worker would refuse; a ValueError), LimitExceeded (over a documented limit; an
 InvalidRequest), ModelMismatch (a SystemOne request naming another model; an InvalidRequest),
 IdConflict (an id already naming other content), ResultExpired (answered, but the answer expired
-from Redis; a LookupError), and Vela2Error, the base of them all. Redis being away raises
-redis.ConnectionError; a wait past its timeout raises TimeoutError. Test helpers: producer.testing.
+from Redis; a LookupError), JobNotFound (a bulk job id that is unknown; a LookupError), and
+Vela2Error, the base of them all. Redis being away raises redis.ConnectionError; a wait past its
+timeout raises TimeoutError. Test helpers: producer.testing.
 """
 
 from producer.aio import AsyncClient
 from producer.client import Client
-from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
+from vela2.errors import (
+    IdConflict,
+    InvalidRequest,
+    JobNotFound,
+    LimitExceeded,
+    ModelMismatch,
+    ResultExpired,
+    Vela2Error,
+)
 
-__all__ = ["AsyncClient", "Client", "IdConflict", "InvalidRequest", "LimitExceeded", "ModelMismatch",
+__all__ = ["AsyncClient", "Client", "IdConflict", "InvalidRequest", "JobNotFound", "LimitExceeded", "ModelMismatch",
            "ResultExpired", "Vela2Error"]

@@ -33,6 +33,7 @@ from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
     Scope,
+    cancel_commands,
     claim_commands,
     conflict_error,
     expired_answer,
@@ -44,6 +45,7 @@ from producer.client import (
     queue_commands,
     read_claims,
     result_expired_error,
+    unanswered,
 )
 from vela2.schemas import RowResult
 from vela2.wire import tracing
@@ -86,6 +88,19 @@ class BoundedPool(aioredis.BlockingConnectionPool):
             return await super().get_connection(*args, **kwargs)
         except redis.exceptions.ConnectionError as e:
             if isinstance(e.__cause__, asyncio.TimeoutError | TimeoutError):
+                raise Busy(f"every one of the {self.max_connections} Redis connections stayed busy for "
+                           f"{self.timeout:g} s") from e
+            raise
+
+
+class SyncBoundedPool(redis.BlockingConnectionPool):
+    """BoundedPool for a synchronous client (the HTTP route's bulk-job routes): Busy after the wait."""
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().get_connection(*args, **kwargs)
+        except redis.exceptions.ConnectionError as e:
+            if "No connection available" in str(e):  # redis-py's words for the pool's timeout
                 raise Busy(f"every one of the {self.max_connections} Redis connections stayed busy for "
                            f"{self.timeout:g} s") from e
             raise
@@ -269,6 +284,15 @@ class AsyncClient:
         if items:
             await self._submit(self.scope.wire_items(items), self.queue_for(backfill=backfill), chunk_size, expires)
         return [rid for rid, _ in items]
+
+    async def cancel(self, ids: Iterable[str]) -> list[str]:
+        """Cancel requests, as `Client.cancel` (one round trip); returns the ids with no answer yet."""
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        cancel_commands(pipe, [self.scope.wire(rid) for rid in ids], self.submitted_ttl_s)
+        return unanswered(ids, await pipe.execute())
 
     async def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:
         """id -> (its state now, its stored answer or None), with ONE MGET (no waiting)."""

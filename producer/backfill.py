@@ -7,7 +7,13 @@
 - Deterministic ids: the request's own "id", else its content hash (`vela2.wire.messages.request_id`);
   a line that is not a JSON object is `line-<N>` (1-based).
 - Resumable: OUT is read first and every id in it is skipped; a torn last line (no newline: the
-  previous run was killed while writing it) is truncated before appending. Each result is
+  previous run was killed while writing it) is truncated before appending. `retry="timeouts"`
+  (`--retry timeouts`) takes the lines this command wrote for rows that got no answer (error types
+  "timeout" and "result_expired", e.g. while no worker ran) out of OUT and scores those rows again;
+  `retry="errors"` does so for every line that is not ok (error of any type, expired, cancelled),
+  and first deletes such a stored answer from Redis (`DROP_FAILED_SCRIPT`: only when it is not ok),
+  since the write-once result store would otherwise hand the same failure back. OUT is rewritten
+  without those lines (streamed to a temporary file, then renamed over it). Each result is
   appended as one whole line by one unbuffered write (fsync at exit), so killing the job at any
   moment and rerunning it ends with every id in OUT exactly once. Requests that were in flight when
   the job died are not lost: their results are read back from Redis (or they are queued again;
@@ -31,6 +37,9 @@
   Pushes that failed mid-way are sent again whole: duplicates are answered once. An outage longer
   than that raises `RedisUnavailable`; `vela2 backfill` prints it as one line and exits 3 (what was
   written stays; rerun to resume).
+- No worker? When nothing has been answered for `stall_warn_s` (default 60 s) while rows are in
+  flight and the model's backfill queue has not shrunk meanwhile, a warning says so, with the
+  number of live workers of the model (their heartbeats); once per stall.
 - A progress bar (tqdm on stderr: rows/s, ETA over the line count of IN) when stderr is a
   terminal or `progress=True`; one summary line at the end.
 
@@ -68,7 +77,7 @@ from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, Vela2Error
 from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
 from vela2.schemas import Status, error_result
 from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
-from vela2.wire.keys import queue_name
+from vela2.wire.keys import HEARTBEAT_S, priority_lists, queue_name, result_key, workers_key
 from vela2.wire.messages import build_message, deadline_to_expires, request_id
 
 log = logging.getLogger(__name__)
@@ -88,6 +97,22 @@ TRANSIENT_REDIS_ERRORS = (
     redis.exceptions.BusyLoadingError,
 )
 EXIT_REDIS_UNAVAILABLE = 3
+DEFAULT_STALL_WARN_S = 60.0  # no answer for this long, the queue not shrinking: warn (no worker?)
+RETRY_CHOICES = ("errors", "timeouts")
+LOST_TYPES = ("timeout", "result_expired")  # error types of lines this command wrote for rows never answered
+
+# Delete a stored answer that is not ok (KEYS[1] = its result key), so `--retry errors` scores the row
+# anew; an ok answer (or none) is left as it is. Returns 1 when it deleted one.
+DROP_FAILED_SCRIPT = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local ok, meta = pcall(cjson.decode, raw)
+if ok and type(meta) == 'table' and type(meta['vela2']) == 'table' and meta['vela2']['status'] == 'ok' then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
 ENV_REDIS_URL = "VELA2_REDIS_URL"  # same variables as the worker's (worker.app.ENV)
 ENV_MODEL = "VELA2_MODEL"
 
@@ -107,6 +132,7 @@ class BackfillSummary:
     ok: int = 0
     error: int = 0
     expired: int = 0
+    cancelled: int = 0  # rows answered `cancelled` (Client.cancel of their ids)
     invalid: int = 0  # lines answered at once with an error (bad JSON, invalid request)
     timeout: int = 0  # rows without a result after timeout_s (written as error type "timeout")
     result_expired: int = 0  # rows answered whose answer expired from Redis unread (error "result_expired")
@@ -114,6 +140,8 @@ class BackfillSummary:
     rescored: int = 0  # rows whose answer from an earlier run had expired from Redis: queued again
     redis_outages: int = 0  # times Redis became unreachable during the run (each retried until back)
     skipped: int = 0  # ids already in OUT (earlier runs)
+    retried: int = 0  # lines of earlier runs taken out of OUT to be scored again (--retry)
+    stall_warnings: int = 0  # times nothing was answered for stall_warn_s and the queue did not shrink
     duplicates: int = 0  # later lines repeating an id seen earlier in IN (the first wins)
     blank: int = 0  # empty lines, ignored
     recovered: int = 0  # results already in Redis when this run reached the row (not queued again)
@@ -135,8 +163,10 @@ class BackfillSummary:
             f"backfill: {self.rows:,} rows: ok {self.ok:,}, error {self.error:,} (invalid {self.invalid:,}, "
             f"timeout {self.timeout:,}, result_expired {self.result_expired:,}, id_conflict {self.id_conflict:,}), "
             f"expired {self.expired:,}, "
-            f"skipped {self.skipped:,} (already in OUT), "
-            f"duplicates {self.duplicates:,}{dups}; wrote {self.written:,} lines in {self.elapsed_s:.1f} s "
+            + (f"cancelled {self.cancelled:,}, " if self.cancelled else "")
+            + f"skipped {self.skipped:,} (already in OUT), "
+            + (f"retried {self.retried:,}, " if self.retried else "")
+            + f"duplicates {self.duplicates:,}{dups}; wrote {self.written:,} lines in {self.elapsed_s:.1f} s "
             f"({self.rows_per_s:,.1f} rows/s); max in flight {self.max_in_flight:,} (window {self.window:,})"
             + (f"; redis outages {self.redis_outages:,}" if self.redis_outages else "")
         )
@@ -187,6 +217,40 @@ def scan_out(path: str | Path) -> tuple[set[str], int]:
             log.warning("%s: truncating a torn last line (%d bytes, from an interrupted run)", p, torn)
             f.truncate(good_end)
     return done, torn
+
+
+def is_retried(line: dict[str, Any], retry: str) -> bool:
+    """Whether an OUT line is scored again under `--retry retry` (the module docstring)."""
+    if retry == "errors":
+        return line.get("status") != Status.ok.value
+    err = line.get("error")
+    return line.get("status") == Status.error.value and isinstance(err, dict) and err.get("type") in LOST_TYPES
+
+
+def take_out_retries(path: str | Path, retry: str) -> set[str]:
+    """Take the lines `retry` scores again out of OUT (streamed to a temporary file renamed over
+    it); returns their ids. A torn last line is kept for `scan_out` to truncate."""
+    if retry not in RETRY_CHOICES:
+        raise InvalidRequest(f"retry must be one of {', '.join(RETRY_CHOICES)}; got {retry!r}")
+    p = Path(path)
+    if not p.exists():
+        return set()
+    ids: set[str] = set()
+    tmp = p.with_name(p.name + ".retry-tmp")
+    with open(p, "rb") as src, open(tmp, "wb") as dst:
+        for line in src:
+            try:
+                obj = json.loads(line) if line.endswith(b"\n") else None
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict) and isinstance(obj.get("id"), str) and is_retried(obj, retry):
+                ids.add(obj["id"])
+                continue
+            dst.write(line)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, p)
+    return ids
 
 
 def count_lines(path: str | Path, block: int = 1 << 20) -> int:
@@ -255,6 +319,8 @@ class _Backfill:
         bar: Any,
         redis_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stall_warn_s: float = DEFAULT_STALL_WARN_S,
+        drop_failed: set[str] | None = None,
     ):
         self.client = client
         self.writer = writer
@@ -271,6 +337,11 @@ class _Backfill:
         self.buffer: list[tuple[str, Any, _Pending]] = []
         self.summary = BackfillSummary(window=window)
         self._last_poll = 0.0
+        self.stall_warn_s = stall_warn_s
+        self._stall: tuple[float, int] | None = None  # (when, queue depth) sampled since the last answer
+        self._quiet_since = clock()  # the last answer (or the start)
+        self._warned = False  # the current stall was reported
+        self.drop_failed = drop_failed or set()  # ids whose stored non-ok answer goes before they are queued
 
     # --- redis ---------------------------------------------------------------------------------
 
@@ -318,6 +389,8 @@ class _Backfill:
             s.ok += 1
         elif status == Status.expired:
             s.expired += 1
+        elif status == Status.cancelled:
+            s.cancelled += 1
         else:
             s.error += 1
         self.bar.update(1)
@@ -378,6 +451,9 @@ class _Backfill:
         if not self.buffer:
             return
         batch, self.buffer = self.buffer, []
+        again = [rid for rid, _, _ in batch if rid in self.drop_failed]
+        if again:  # --retry errors: their stored failures go, so that they are scored anew
+            self._redis("dropping failed answers", self._drop, again)
         # Results already in Redis (rows in flight when an earlier run was killed) are written now.
         # A row whose earlier answer has expired from Redis since is queued again: no answer of it
         # was ever written to OUT, and scoring it anew is what a rerun is for.
@@ -398,7 +474,7 @@ class _Backfill:
                 self.summary.recovered += 1
                 self._write({**answer, "id": rid})
             else:
-                self.summary.rescored += state == "expired"
+                self.summary.rescored += state == "expired" and rid not in again  # (retried: counted apart)
                 todo.append((rid, obj, pend))
         if not todo:
             return
@@ -419,6 +495,13 @@ class _Backfill:
         self.summary.submitted += len(todo)
         self.summary.max_in_flight = max(self.summary.max_in_flight, len(self.pending))
         self.bar.set_postfix(in_flight=len(self.pending), refresh=False)
+
+    def _drop(self, ids: list[str]) -> None:
+        pipe = self.client.redis.pipeline(transaction=False)
+        for rid in ids:
+            pipe.eval(DROP_FAILED_SCRIPT, 1, result_key(self.client.scope.wire(rid)))
+        pipe.execute()
+        self.drop_failed.difference_update(ids)
 
     # --- results ------------------------------------------------------------------------------
 
@@ -449,7 +532,38 @@ class _Backfill:
                 continue
             del self.pending[rid]
             freed += 1
+        if freed:
+            self._quiet_since, self._stall, self._warned = now, None, False
+        elif now - self._quiet_since >= self.stall_warn_s and not self._warned:
+            self._check_stall(now)
         return freed
+
+    def _queue_depth(self) -> tuple[int, int]:
+        """(messages waiting on the model's backfill queue, live workers of the model) in one round trip."""
+        pipe = self.client.redis.pipeline(transaction=False)
+        for name in priority_lists(self.queue):
+            pipe.llen(name)
+        pipe.zcount(workers_key(self.client.model), time.time() - 3 * HEARTBEAT_S, "+inf")
+        *depths, live = pipe.execute()
+        return sum(int(d) for d in depths), int(live)
+
+    def _check_stall(self, now: float) -> None:
+        """Nothing answered for stall_warn_s: sample the queue; when it has not shrunk over another
+        stall_warn_s, warn once (no worker for this model?)."""
+        depth, live = self._redis("reading the queue depth", self._queue_depth)
+        if self._stall is None:
+            self._stall = (now, depth)
+            return
+        since, before = self._stall
+        if now - since < self.stall_warn_s:
+            return
+        if depth >= before:
+            self._warned = True
+            self.summary.stall_warnings += 1
+            log.warning("no answer for %.0f s and the queue %s is not shrinking (%d messages, %d then): is a "
+                        "worker running for model %r? (%d live workers)", now - self._quiet_since, self.queue,
+                        depth, before, self.client.model, live)
+        self._stall = (now, depth)
 
     def drain(self) -> None:
         """Queue what is buffered and wait for every row in flight."""
@@ -488,6 +602,8 @@ def run_backfill(
     redis: Any = None,
     redis_timeout_s: float | None = None,
     tenant: str | None = None,
+    retry: str | None = None,
+    stall_warn_s: float = DEFAULT_STALL_WARN_S,
 ) -> BackfillSummary:
     """Score every request of IN through the queue into OUT (see the module docstring).
 
@@ -496,7 +612,9 @@ def run_backfill(
     `expired` after it); `progress`: None = a bar when stderr is a terminal. `redis` replaces the
     connection made from `redis_url` (tests). `redis_timeout_s`: the longest Redis outage the run
     rides out (default `timeout_s`), then RedisUnavailable. `tenant`: the ids are this tenant's
-    (producer.client.Scope; OUT holds them as given). Returns the summary (also logged).
+    (producer.client.Scope; OUT holds them as given). `retry`: "timeouts" or "errors", the lines of
+    OUT scored again (module docstring). `stall_warn_s`: warn after this long without an answer
+    while the queue does not shrink. Returns the summary (also logged).
     """
     if window < 1:
         raise InvalidRequest(f"window must be at least 1; got {window}")
@@ -504,6 +622,7 @@ def run_backfill(
         raise InvalidRequest(f"chunk_size must be at least 1; got {chunk_size}")
     deadline_to_expires(deadline_s)  # a deadline out of bounds is refused before anything is queued
     t0 = time.monotonic()
+    retried = take_out_retries(out_path, retry) if retry else set()
     done, torn = scan_out(out_path)
     enabled = sys.stderr.isatty() if progress is None else progress
     bar = _progress_bar(enabled, count_lines(in_path) if enabled else None)
@@ -511,9 +630,11 @@ def run_backfill(
     writer = LineWriter(out_path)
     job = _Backfill(
         client, writer, window=window, chunk_size=chunk_size, timeout_s=timeout_s, deadline_s=deadline_s,
-        poll_s=poll_s, bar=bar, redis_timeout_s=redis_timeout_s,
+        poll_s=poll_s, bar=bar, redis_timeout_s=redis_timeout_s, stall_warn_s=stall_warn_s,
+        drop_failed=retried if retry == "errors" else None,
     )  # fmt: skip
     job.summary.torn_bytes = torn
+    job.summary.retried = len(retried)
     seen: set[str] = set()
     try:
         with open(in_path, "rb") as f:
@@ -544,6 +665,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="rows per queue message")
     ap.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per row; then an error line")
     ap.add_argument("--deadline-s", type=float, default=None, help="the worker answers 'expired' after this")
+    ap.add_argument("--retry", choices=RETRY_CHOICES, default=None,
+                    help="on resume, score again the rows OUT holds as timeouts (no answer came: no worker?) or as "
+                    "errors (any line not ok; their stored failures are dropped from Redis first)")
+    ap.add_argument("--stall-warn-s", type=float, default=DEFAULT_STALL_WARN_S,
+                    help="warn when nothing is answered for this long and the queue does not shrink")
     ap.add_argument("--tenant", default=None, help="the ids are this tenant's (as with an API key's tenant over HTTP)")
     ap.add_argument("--poll-s", type=float, default=DEFAULT_POLL_S, help="pause between result polls")
     ap.add_argument(
@@ -581,6 +707,8 @@ def main(argv: list[str] | None = None) -> int:
             poll_s=args.poll_s,
             redis_timeout_s=args.redis_timeout_s,
             tenant=args.tenant,
+            retry=args.retry,
+            stall_warn_s=args.stall_warn_s,
         )
     except (InvalidRequest, LimitExceeded, ConfigError) as e:
         print(f"vela2 backfill: {e}", file=sys.stderr)

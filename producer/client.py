@@ -43,9 +43,9 @@ from pydantic import BaseModel
 
 from vela2.config import LIMITS
 from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
-from vela2.schemas import RowResult, error_result, parse_row
+from vela2.schemas import RowResult, Status, error_result, parse_row
 from vela2.wire import tracing
-from vela2.wire.keys import queue_name, result_key, scoped_id, submitted_key, tenant_problem, unscoped_id
+from vela2.wire.keys import cancel_key, queue_name, result_key, scoped_id, submitted_key, tenant_problem, unscoped_id
 from vela2.wire.messages import Message, build_message, deadline_to_expires, request_digest, with_id
 from vela2.wire.results import (
     CLAIM_ANSWERED,
@@ -87,6 +87,24 @@ def expired_row(request_id: str) -> RowResult:
 def expired_answer(request_id: str) -> dict[str, Any]:
     """The stand-in answers_many returns for an expired id (the RowResult dict of `expired_row`)."""
     return expired_row(request_id).to_json_dict()
+
+
+REQUEST_ERROR_TYPES = {InvalidRequest.code, LimitExceeded.code}  # the caller's fault -> 422
+
+
+def http_status(answer: dict[str, Any]) -> int:
+    """The HTTP status of a stored answer (producer.http's table; OpenAI-batch output lines carry it)."""
+    status = answer.get("status")
+    if status == Status.ok:
+        return 200
+    if status == Status.expired:
+        return 504
+    if status == Status.cancelled:
+        return 409
+    code = (answer.get("error") or {}).get("type")
+    if code == ModelMismatch.code:
+        return 400
+    return 422 if code in REQUEST_ERROR_TYPES else 500
 
 
 @dataclass(frozen=True)
@@ -196,10 +214,11 @@ def pack_messages(
     chunk_size: int = 1,
     expires: datetime | None = None,
     max_message_bytes: int = LIMITS.max_message_bytes,
+    job: str | None = None,
 ) -> list[Message]:
     """Messages for prepared (id, object) pairs, in order: one per request when chunk_size <= 1,
     else chunks of up to chunk_size requests. A chunk over max_message_bytes is split in halves; a
-    single request over it raises LimitExceeded naming its id."""
+    single request over it raises LimitExceeded naming its id. `job`: the bulk job they belong to."""
     out: list[Message] = []
 
     def build(part: list[tuple[str, Any]]) -> None:
@@ -212,6 +231,7 @@ def pack_messages(
                     expires=expires,
                     max_message_bytes=max_message_bytes,
                     extra_headers=tracing.message_headers(queue, tuple(rid for rid, _ in part)),
+                    job=job,
                 )
             )
         except LimitExceeded as e:
@@ -261,6 +281,18 @@ def read_claims(items: list[tuple[str, Any]], replies: list[Any]) -> Claims:
         elif code == CLAIM_MARKED:
             claims.marked.append(rid)
     return claims
+
+
+def cancel_commands(pipe: Any, wire_ids: list[str], ttl_s: int) -> None:
+    """Add to a (sync or asyncio) pipeline: a cancel marker per id, then one MGET of their results."""
+    for w in wire_ids:
+        pipe.set(cancel_key(w), "1", ex=ttl_s)
+    pipe.mget([result_key(w) for w in wire_ids])
+
+
+def unanswered(ids: list[str], replies: list[Any]) -> list[str]:
+    """The ids without a stored answer, from the replies of cancel_commands."""
+    return [rid for rid, raw in zip(ids, replies[-1], strict=True) if raw is None]
 
 
 def conflict_error(ids: list[str]) -> IdConflict:
@@ -393,6 +425,19 @@ class Client:
         if items:
             self._submit(self.scope.wire_items(items), self.queue_for(backfill=backfill), chunk_size, expires)
         return [rid for rid, _ in items]
+
+    def cancel(self, ids: Iterable[str]) -> list[str]:
+        """Cancel requests: a worker that has not started one answers it `cancelled` (status
+        "cancelled", error type "cancelled") without running it; one already running finishes and
+        keeps its answer. Sets a `vela2:cancel:<id>` marker per id (living `submitted_ttl_s`) and
+        reads which ids are answered already, in one round trip; returns the ids with no answer yet
+        (those the cancel can still reach). To cancel a bulk job: producer.jobs.cancel_job."""
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        cancel_commands(pipe, [self.scope.wire(rid) for rid in ids], self.submitted_ttl_s)
+        return unanswered(ids, pipe.execute())
 
     def lookup_many(self, ids: Iterable[str]) -> dict[str, tuple[State, dict[str, Any] | None]]:
         """id -> (its state now, its stored answer or None), with ONE MGET (no waiting)."""

@@ -23,6 +23,14 @@ Routes (OpenAPI at /openapi.json; no /docs page, whose scripts would come from a
   is recorded by a ``vela2:submitted:<id>`` marker that the worker turns into "answered" when it
   stores the result and that outlives the result, so an expired answer is never "pending" and
   never an endless wait. One MGET per GET.
+- ``POST /v1/batches?window_s=&metadata=key=value``: a bulk job (producer.jobs) from a JSONL body (rows,
+  SystemOne requests or OpenAI-batch lines ``{"custom_id", "body"}``) of at most ``max_batch_bytes``
+  (``--max-batch-bytes``, default 64 MiB): 201 with the job once its lines are registered and queued
+  (bad lines become error lines of the job). ``GET /v1/batches/{id}``: the job (status, exact
+  counts, times, ``request_counts``, metadata). ``GET /v1/batches/{id}/output``: its output, one
+  JSONL line per input line in input order (streamed), once the job has ended (409 before).
+  ``POST /v1/batches/{id}/cancel``: cancel it (200 with the job; what no worker started is answered
+  ``cancelled``). 404 for a job that is unknown, another tenant's, or expired with its results.
 - ``GET /healthz``: liveness: 200 with the queue depths when Redis answers, else 503.
 - ``GET /readyz``: readiness: 200 when at least one worker of the model has beaten within
   ``READY_STALE_S`` (workers beat every ``HEARTBEAT_S`` into ``vela2:workers:<model>`` while their
@@ -35,6 +43,7 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
 ====  ==========================================================================================
 200   answered (``status: ok``)
 202   not answered within ``wait_s``: ``{"id", "status": "pending", "result_url"}`` (+ Location)
+201   a bulk job was created (POST /v1/batches)
 400   body is not JSON (``invalid_request``), or the request names another model
       (``model_mismatch``: this route serves one model, named at start)
 401   no API key, or an unknown one (``unauthorized``; with ``WWW-Authenticate: Bearer``)
@@ -44,7 +53,9 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
 410   GET of an id whose answer expired from the result store: the error answer with
       ``error.type`` ``result_expired`` and the id (POST: only when it expired within ``wait_s``)
 409   the request id already names a request with other content, answered or pending
-      (``id_conflict``): an id is an idempotency key; the same content gets the stored answer
+      (``id_conflict``): an id is an idempotency key; the same content gets the stored answer;
+      ``status: cancelled`` (cancelled before a worker started it); the output of a bulk job that
+      has not ended (``job_running``)
 408   the body did not arrive within ``--body-timeout-s`` (``invalid_request``); a connection whose
       request line and headers do not arrive within ``--headers-timeout-s`` is closed
 413   body over ``LIMITS.max_message_bytes`` (``limit_exceeded``): by its Content-Length, or as
@@ -66,40 +77,45 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
+import redis as redis_lib
 import redis.asyncio as aioredis
 import redis.exceptions
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, StringConstraints
 
-from producer.aio import AsyncClient, BoundedPool, Busy
+from producer import jobs
+from producer.aio import AsyncClient, BoundedPool, Busy, SyncBoundedPool
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing, Refusal
-from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, result_expired_error
+from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, result_expired_error
+from producer.client import http_status as status_code
 from vela2 import __version__
 from vela2.config import LIMITS
 from vela2.errors import (
     ConfigError,
     IdConflict,
     InvalidRequest,
+    JobNotFound,
     LimitExceeded,
     ModelMismatch,
     ResultExpired,
     Vela2Error,
 )
 from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
-from vela2.schemas import ErrorInfo, Status
+from vela2.schemas import ErrorInfo
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, error_answer, parse_request, request_schema
 from vela2.wire import tracing
 from vela2.wire.keys import HEARTBEAT_S, queue_name, workers_key
@@ -117,8 +133,12 @@ DEFAULT_REDIS_WAIT_S = 5.0  # longest a request waits for a free one, then 429
 DEFAULT_BODY_TIMEOUT_S = 30.0  # longest a request body may take to arrive, then 408
 DEFAULT_HEADERS_TIMEOUT_S = 10.0  # longest a request line and headers may take to arrive, then the connection closes
 RETRY_AFTER_S = 1
+DEFAULT_MAX_BATCH_BYTES = 64 << 20  # the largest JSONL body of POST /v1/batches
+# A batch's metadata over HTTP, as OpenAI's: string pairs (within producer.jobs.MAX_METADATA_BYTES as JSON)
+MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+MetadataPair = Annotated[str, StringConstraints(
+    pattern=rf"^[^=]{{1,{MAX_METADATA_KEY_CHARS}}}=[\s\S]{{0,{MAX_METADATA_VALUE_CHARS}}}$")]
 READY_STALE_S = 3 * HEARTBEAT_S  # a worker whose last heartbeat is older is not counted live
-REQUEST_ERROR_TYPES = {InvalidRequest.code, LimitExceeded.code}  # the caller's fault -> 422
 
 
 class Pending(BaseModel):
@@ -161,17 +181,32 @@ class NotFound(BaseModel):
     detail: str
 
 
-def status_code(answer: dict[str, Any]) -> int:
-    """The HTTP status of a stored answer (see the module docstring's table)."""
-    status = answer.get("status")
-    if status == Status.ok:
-        return 200
-    if status == Status.expired:
-        return 504
-    code = (answer.get("error") or {}).get("type")
-    if code == ModelMismatch.code:
-        return 400
-    return 422 if code in REQUEST_ERROR_TYPES else 500
+class BatchCounts(BaseModel):
+    """OpenAI's request counts: completed = ok; failed = error + expired + cancelled."""
+
+    total: int
+    completed: int
+    failed: int
+
+
+class Batch(BaseModel):
+    """A bulk job (vela2.wire.jobs.JobInfo.to_dict): OpenAI's batch fields plus exact counts by status
+    (queued, ok, error, expired, cancelled)."""
+
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    model: str
+    status: Literal["validating", "in_progress", "cancelling", "completed", "cancelled", "expired", "failed"]
+    created_at: int
+    expires_at: int
+    completion_window: str
+    ended_at: int | None
+    cancelling_at: int | None
+    input_done: bool
+    request_counts: BatchCounts
+    counts: dict[str, int]
+    metadata: dict[str, Any]
 
 
 async def read_body(request: Request, limit: int) -> bytes | LimitExceeded:
@@ -229,14 +264,22 @@ def create_app(
     redis_connections: int = DEFAULT_REDIS_CONNECTIONS,
     redis_wait_s: float = DEFAULT_REDIS_WAIT_S,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
 ) -> FastAPI:
     """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring).
+    `max_batch_bytes`: the largest body of POST /v1/batches (it is held in memory while submitted).
     `keys`: the API keys callers must present (producer.auth); None serves without authentication
     (say so explicitly: `serve` allows it on loopback only). At most `redis_connections` Redis
     connections; a request waits up to `redis_wait_s` for one, then gets 429 with Retry-After. A
     body not received within `body_timeout_s` gets 408."""
     state: dict[str, AsyncClient] = {}
     tenants: dict[str, AsyncClient] = {}  # one client per tenant seen, over the one pool
+    # The bulk-job routes run producer.jobs (synchronous, streaming) in worker threads, over a pool of
+    # their own: at most `redis_connections` connections, a caller waits up to redis_wait_s for one.
+    sync_pool = SyncBoundedPool.from_url(redis_url, max_connections=redis_connections, timeout=redis_wait_s)
+
+    def jobs_client(tenant: str | None) -> Client:
+        return Client(model=model, redis=redis_lib.Redis(connection_pool=sync_pool), tenant=tenant)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -252,6 +295,7 @@ def create_app(
             tenants.clear()
             await redis_client.aclose()
             await pool.disconnect()
+            sync_pool.disconnect()
 
     app = FastAPI(
         title="Vela 2 SystemOne",
@@ -431,6 +475,103 @@ def create_app(
             status_code=404,
         )
 
+    def job_404(e: JobNotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, status_code=404)
+
+    @app.exception_handler(JobNotFound)
+    async def _no_job(_: Request, exc: JobNotFound) -> JSONResponse:
+        return job_404(exc)
+
+    _job_responses: dict[int | str, dict[str, Any]] = {
+        404: {"model": NotFound, "description": "no such job (unknown, another tenant's, or expired with its results)"},
+        429: {"model": ErrorAnswer, "description": "every Redis connection stayed busy (busy; Retry-After)"},
+        503: {"model": ErrorAnswer, "description": "redis is unreachable"},
+    }
+
+    @app.post(
+        "/v1/batches",
+        summary="Create a bulk job from a JSONL body",
+        status_code=201,
+        response_model=Batch,
+        responses={
+            201: {"model": Batch, "description": "created: every line registered, its requests queued"},
+            408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s"},
+            413: {"model": ErrorAnswer, "description": "body over --max-batch-bytes"},
+            422: {"model": ErrorAnswer, "description": "no body, or window_s / metadata out of bounds"},
+            **{k: v for k, v in _job_responses.items() if k != 404},
+        },
+        # Any bytes but none are a valid body (no type in its schema): each line is a request, and a line
+        # that is not one becomes an error line of the job, never a refusal of the whole body.
+        openapi_extra={"requestBody": {"required": True, "content": {"application/jsonl": {"schema": {
+            "minLength": 1,
+            "description": "one request a line: a row, a SystemOne request, or an OpenAI-batch line "
+                           '{"custom_id": ..., "body": <row or SystemOne request>}; bad lines become error '
+                           "lines of the job"}}}}},
+    )
+    async def create_batch(
+        request: Request,
+        tenant: str | None = Depends(caller),
+        window_s: float = Query(jobs.DEFAULT_WINDOW_S, gt=0, le=LIMITS.max_deadline_s,
+                                description="completion window: requests not started by then are answered expired"),
+        metadata: Sequence[MetadataPair] | None = Query(
+            None, max_length=MAX_METADATA_PAIRS, description=f"key=value pairs kept on the job (as OpenAI's: at "
+            f"most {MAX_METADATA_PAIRS}, keys of 1-{MAX_METADATA_KEY_CHARS} characters without '=', values of at "
+            f"most {MAX_METADATA_VALUE_CHARS}); repeat the parameter for each pair"),
+    ) -> JSONResponse:
+        try:
+            async with asyncio.timeout(body_timeout_s):
+                body = await read_body(request, max_batch_bytes)
+        except TimeoutError:
+            return _error(408, InvalidRequest(f"the request body did not arrive within {body_timeout_s:g} s"))
+        if isinstance(body, LimitExceeded):
+            return _error(413, body)
+        if not body:
+            return _error(422, InvalidRequest("the request body is empty: a batch needs at least one line"))
+        meta = dict(pair.split("=", 1) for pair in metadata or [])
+
+        def submit() -> dict[str, Any]:
+            c = jobs_client(tenant)
+            done = jobs.submit_job(c, io.BytesIO(body), window_s=window_s, metadata=meta)  # lines, lazily
+            return jobs.job_info(c, done.id).to_dict()
+
+        return JSONResponse(await asyncio.to_thread(submit), status_code=201)
+
+    @app.get("/v1/batches/{job_id}", summary="A bulk job: status and exact counts", response_model=Batch,
+             responses=_job_responses)
+    async def get_batch(job_id: str, tenant: str | None = Depends(caller)) -> JSONResponse:
+        info = await asyncio.to_thread(jobs.job_info, jobs_client(tenant), job_id)
+        return JSONResponse(info.to_dict())
+
+    @app.post("/v1/batches/{job_id}/cancel", summary="Cancel a bulk job", response_model=Batch,
+              responses=_job_responses)
+    async def cancel_batch(job_id: str, tenant: str | None = Depends(caller)) -> JSONResponse:
+        info = await asyncio.to_thread(jobs.cancel_job, jobs_client(tenant), job_id)
+        return JSONResponse(info.to_dict())
+
+    @app.get(
+        "/v1/batches/{job_id}/output",
+        summary="A bulk job's output, one JSONL line per input line, in input order",
+        responses={
+            200: {"description": "streamed JSONL: the answers (OpenAI-batch lines for custom_id input lines)",
+                  "content": {"application/jsonl": {"schema": {"type": "string"}}}},
+            409: {"model": ErrorAnswer, "description": "the job has not ended yet (job_running)"},
+            **_job_responses,
+        },
+    )
+    async def batch_output(job_id: str, tenant: str | None = Depends(caller)) -> Any:
+        c = jobs_client(tenant)
+        info = await asyncio.to_thread(jobs.job_info, c, job_id)
+        if not info.ended:
+            info_err = ErrorInfo(type="job_running", message=f"job {job_id} is {info.status} ({info.answered:,} of "
+                                 f"{info.total:,} lines answered); its output is served once it has ended")
+            return JSONResponse(ErrorAnswer(model=model, error=info_err).model_dump(mode="json"), status_code=409)
+
+        def lines() -> Any:  # a sync iterator: Starlette runs it in a worker thread, page by page
+            for line, _ in jobs.job_lines(c, job_id):
+                yield json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+        return StreamingResponse(lines(), media_type="application/jsonl")
+
     @app.get(
         "/healthz",
         summary="Liveness: Redis reachable",
@@ -498,6 +639,7 @@ def serve(
     redis_wait_s: float = DEFAULT_REDIS_WAIT_S,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     headers_timeout_s: float = DEFAULT_HEADERS_TIMEOUT_S,
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
 ) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
     `keys` None (no authentication) is refused unless `host` is a loopback address."""
@@ -511,7 +653,8 @@ def serve(
         raise ConfigError(f"no API keys: give --api-keys-file F (or ${ENV_API_KEYS_FILE} / ${ENV_API_KEYS}), "
                           "or --no-auth on loopback")
     app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
-                     redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s)
+                     redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
+                     max_batch_bytes=max_batch_bytes)
     uvicorn.run(app, host=host, port=port, log_level=log_level, http=headers_timeout_protocol(headers_timeout_s))
 
 
@@ -597,6 +740,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="longest a request body may take to arrive, then 408")
     ap.add_argument("--headers-timeout-s", type=_positive(float), default=DEFAULT_HEADERS_TIMEOUT_S,
                     help="longest a request's line and headers may take to arrive, then the connection is closed")
+    ap.add_argument("--max-batch-bytes", type=_positive(int), default=DEFAULT_MAX_BATCH_BYTES,
+                    help="largest JSONL body of POST /v1/batches (held in memory while it is submitted)")
     ap.add_argument("--no-auth", action="store_true",
                     help="serve without authentication (loopback only; it says so at start)")
     return ap
@@ -623,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
             redis_wait_s=args.redis_wait_s,
             body_timeout_s=args.body_timeout_s,
             headers_timeout_s=args.headers_timeout_s,
+            max_batch_bytes=args.max_batch_bytes,
         )
     except ConfigError as e:
         print(f"vela2 http: {e}", file=sys.stderr)

@@ -21,7 +21,9 @@ are written by `vela2.wire.results.ResultStore` (write-once `celery-task-meta-<i
 `result_expires_s`, the submitted marker turned into "answered", a PUBLISH for waiters), with the
 same meta (`row_meta`: Celery's SUCCESS / FAILURE fields, the RowResult, the SystemOne answer, the
 content digest). A bad request gets the worker's error result; a request whose deadline passed gets
-`expired`; a chunk gets its summary under its own id; an id already answered is a duplicate (never
+`expired`; a cancelled one (`Client.cancel`, or its bulk job's cancel: producer.jobs) gets `cancelled`,
+and a bulk job's results are counted on its record as the worker counts them; a chunk gets its
+summary under its own id; an id already answered is a duplicate (never
 answered twice); a queue item with no usable id goes to the dead-letter list `vela2.<model>.dead`.
 So `Client`, `AsyncClient`, the HTTP route, `vela2 backfill` and Celery's `AsyncResult(id)` read
 its answers as they read the real worker's.
@@ -75,8 +77,19 @@ from producer.client import DEFAULT_MODEL
 from vela2 import systemone
 from vela2.calibration import Calibration
 from vela2.errors import ModelError, Vela2Error
-from vela2.schemas import Answer, Row, RowResult, Status, error_result, expired_result, guess_id_task, parse_row
+from vela2.schemas import (
+    Answer,
+    Row,
+    RowResult,
+    Status,
+    cancelled_result,
+    error_result,
+    expired_result,
+    guess_id_task,
+    parse_row,
+)
 from vela2.wire import keys
+from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, CANCELLED_MESSAGE
 from vela2.wire.messages import (
     Refused,
     answerable_ids,
@@ -115,6 +128,7 @@ class _Answered:
     writes: list[tuple[str, dict[str, Any]]]
     dead: list[str]
     duplicates: int = 0
+    job: str | None = None  # the bulk job its results are counted on (vela2.wire.jobs)
 
 
 # --- answers ------------------------------------------------------------------------------------
@@ -393,7 +407,7 @@ class FakeWorker:
         while True:
             try:
                 with self.lock:
-                    self._write(answered.writes, answered.dead)
+                    self._write(answered.writes, answered.dead, answered.job)
                     self.held = 0
                 break
             except redis_lib.exceptions.ConnectionError:
@@ -406,8 +420,8 @@ class FakeWorker:
         self.requests += n
         return Drained(1, n, answered.duplicates, len(answered.dead))
 
-    def _write(self, writes: list[tuple[str, dict[str, Any]]], dead: list[str]) -> None:
-        for outcome in self.store.store(writes):
+    def _write(self, writes: list[tuple[str, dict[str, Any]]], dead: list[str], job: str | None) -> None:
+        for outcome in self.store.store(writes, jobs=[job] * len(writes)):
             if isinstance(outcome, Exception):
                 raise outcome
         if dead:
@@ -433,26 +447,38 @@ class FakeWorker:
         self.held = len(got.requests)
         self.max_chunk = max(self.max_chunk, len(got.requests))
         dead = [dead_letter_entry(why, message_id=mid, request=obj) for obj, why in got.unusable]
-        done = self.store.existing(rid for rid, _ in got.requests)
+        codes = self.store.admission([(rid, got.job) for rid, _ in got.requests])
         counts: Counter[str] = Counter()
         if got.repeated:
             counts["repeated"] += got.repeated
         writes = []
-        for rid, obj in got.requests:
-            if rid in done:
+        for (rid, obj), code in zip(got.requests, codes, strict=True):
+            if code == ADMIT_ANSWERED:
                 counts["duplicate"] += 1
                 continue
-            meta = self._score(rid, obj, got.expires)
+            meta = self._cancelled(rid, obj) if code == ADMIT_CANCELLED else self._score(rid, obj, got.expires)
             counts[meta["vela2"]["status"]] += 1
             writes.append((rid, meta))
         if got.chunk:
             writes.append((mid, chunk_meta(mid, dict(counts))))
-        return self._marked(_Answered(writes, dead, counts["duplicate"]))
+        return self._marked(_Answered(writes, dead, counts["duplicate"], got.job))
 
     def _marked(self, answered: _Answered) -> _Answered:
         for _, meta in answered.writes:
             meta[FAKE_META_KEY] = self.kind
         return answered
+
+    @staticmethod
+    def _cancelled(rid: str, obj: Any) -> dict[str, Any]:
+        """The stored meta of a request cancelled before it was taken (its marker, or its job's cancel)."""
+        res = cancelled_result(rid, guess_id_task(obj)[1], CANCELLED_MESSAGE)
+        answer = None
+        if systemone.is_system_one(obj):
+            try:
+                answer = systemone.to_answer(systemone.parse_request(obj), res)
+            except Vela2Error as e:
+                answer = systemone.error_answer(obj, e)
+        return row_meta(rid, res, answer, request_digest(obj))
 
     def _score(self, rid: str, obj: Any, expires: datetime | None) -> dict[str, Any]:
         """The stored meta of one request: `expired` once its deadline passed (checked first, as

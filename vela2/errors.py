@@ -89,3 +89,9 @@ class IdConflict(Vela2Error, ValueError):
     def __init__(self, message: str, ids: list[str] | None = None):
         super().__init__(message)
         self.ids = ids or []
+
+
+class JobNotFound(Vela2Error, LookupError):
+    """No bulk job has this id (never created, another tenant's, or expired with its results)."""
+
+    code = "job_not_found"

@@ -269,6 +269,7 @@ class Status(StrEnum):
     ok = "ok"
     error = "error"
     expired = "expired"
+    cancelled = "cancelled"  # cancelled (Client.cancel, a job's cancel) before a worker started it
 
 
 class ErrorInfo(BaseModel):
@@ -358,6 +359,13 @@ def expired_result(request_id: str, task: str | None, message: str) -> RowResult
     """A request whose deadline passed before it was scored."""
     return RowResult(
         id=request_id, task=task, status=Status.expired, error=ErrorInfo(type="expired", message=message)
+    )
+
+
+def cancelled_result(request_id: str, task: str | None, message: str) -> RowResult:
+    """A request cancelled before a worker started it (it never reached the device)."""
+    return RowResult(
+        id=request_id, task=task, status=Status.cancelled, error=ErrorInfo(type="cancelled", message=message)
     )
 
 

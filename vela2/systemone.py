@@ -333,7 +333,7 @@ class TaskAnswer(BaseModel):
 
 
 class SystemOneAnswer(BaseModel):
-    """The answer to one SystemOne request (ok: `tasks`; error / expired: `error`)."""
+    """The answer to one SystemOne request (ok: `tasks`; error / expired / cancelled: `error`)."""
 
     version: Literal["1"]  # always present in an answer
     model: str | None = None  # the model named by the request (None if the request had no string model)

@@ -3,11 +3,13 @@
 One thread owns all state (text-embeddings-inference queue.rs style). Each loop turn:
 
 1. take what arrived (deliveries from the Celery consumer, rendered rows, decoded results);
-2. intake: decode each message into requests, skip ids that already have a result (duplicate
-   delivery), answer expired / malformed ones at once, send the rest to CPU threads to render
-   (vela2.pipeline.prepare), ahead of the device;
-3. store new results in one pipelined round trip, then ack every message whose requests all have
-   a stored result (never earlier);
+2. intake: decode each message into requests; one round trip tells which ids already have a result
+   (duplicate delivery: skipped) and which are cancelled (their marker, or their bulk job's cancel:
+   answered `cancelled`, never rendered or run); answer expired / malformed ones at once, send the
+   rest to CPU threads to render (vela2.pipeline.prepare), ahead of the device;
+3. store new results in one pipelined round trip (a bulk job's results counted on its record in the
+   same script call, vela2.wire.jobs), then ack every message whose requests all have a stored result
+   (never earlier);
 4. when the device is free, start the most urgent ready batch (worker.batching: a full bucket, or
    one whose oldest request waited max_wait_ms) with vela2.pipeline.run_batch on worker.device's
    runner (a thread, or the device process); while it runs, the next batch goes behind it once it
@@ -46,8 +48,9 @@ from vela2 import systemone
 from vela2.config import default_precision
 from vela2.errors import ModelError, PoisonRequest, StorageError, Vela2Error
 from vela2.packing import pack
-from vela2.schemas import RowResult, Status, error_result, expired_result, guess_id_task
+from vela2.schemas import RowResult, Status, cancelled_result, error_result, expired_result, guess_id_task
 from vela2.wire import keys, messages
+from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, ADMIT_RUN, CANCELLED_MESSAGE
 from vela2.wire.messages import request_digest
 from vela2.wire.results import ResultStore, chunk_meta, dead_letter_entry, row_meta
 from worker import retry as retry_errors
@@ -98,6 +101,7 @@ class _Message:
     counts: Counter = field(default_factory=Counter)
     summarized: bool = False  # a chunk's summary is queued (it is stored after all its rows)
     finalized: bool = False
+    job: str | None = None  # the bulk job its results are counted on (vela2.wire.jobs)
 
 
 @dataclass(eq=False)
@@ -140,7 +144,7 @@ class _Seq:
 class EngineStats:
     """Counts over an engine's life; `summary()` is the shutdown log line."""
 
-    results: Counter = field(default_factory=Counter)  # by status: ok / error / expired
+    results: Counter = field(default_factory=Counter)  # by status: ok / error / expired / cancelled
     duplicates: int = 0
     messages_acked: int = 0
     messages_returned: int = 0
@@ -176,7 +180,7 @@ class EngineStats:
         """The counts as JSON-able data (the `vela2 engine stats` log line that tools read)."""
         return {
             "answered": sum(self.results.values()),
-            "results": {k: self.results[k] for k in ("ok", "error", "expired")},
+            "results": {k: self.results[k] for k in ("ok", "error", "expired", "cancelled")},
             "duplicates": self.duplicates,
             "messages_acked": self.messages_acked,
             "messages_returned": self.messages_returned,
@@ -194,8 +198,9 @@ class EngineStats:
         r = self.results
         return (
             f"answered {sum(r.values())} requests (ok {r['ok']}, error {r['error']}, expired "
-            f"{r['expired']}), skipped {self.duplicates} duplicates; acked {self.messages_acked} "
-            f"messages, returned {self.messages_returned} to the queue; {self.batches} batches "
+            f"{r['expired']}, cancelled {r['cancelled']}), skipped {self.duplicates} duplicates; "
+            f"acked {self.messages_acked} messages, returned {self.messages_returned} to the queue; "
+            f"{self.batches} batches "
             f"({self.batches_raised} raised); {self.retried_alone} retried alone, {self.dead_lettered} dead-lettered"
         )
 
@@ -437,23 +442,26 @@ class Engine:
             self._admit(fresh)
 
     def _admit(self, opened: list[_Request]) -> None:
-        """Duplicate check (one round trip), then render each new request (messages opened whole)."""
+        """Duplicate and cancel check (one round trip), then render each new request (messages
+        opened whole)."""
         fresh = [r for r in opened if not self._follows(r)]
         if not fresh:
             return
         try:
-            done = self.store.existing(r.rid for r in fresh)
+            codes = self.store.admission([(r.rid, r.msg.job) for r in fresh])
         except Exception as e:  # Redis away: score anyway, the write-once store keeps the first answer
-            log.warning("duplicate check failed (%s); scoring without it", e)
-            done = set()
+            log.warning("duplicate and cancel check failed (%s); scoring without it", e)
+            codes = [ADMIT_RUN] * len(fresh)
         now_wall = datetime.now(UTC)
-        for req in fresh:
-            if req.rid in done:
+        for req, code in zip(fresh, codes, strict=True):
+            if code == ADMIT_ANSWERED:
                 self._duplicate(req.msg, req.rid)
                 req.closed = True
                 continue
             self._working[req.rid] = req
-            if req.expires is not None and now_wall >= req.expires:
+            if code == ADMIT_CANCELLED:
+                self._cancel(req)
+            elif req.expires is not None and now_wall >= req.expires:
                 self._expire(req)
             elif self.cpu is not None:
                 req.key = next(self._keys)
@@ -508,6 +516,7 @@ class Engine:
             self._refuse(msg, messages.answerable_ids(mid, d.body), e, raw=d.body)
             return []
         msg.chunk = got.chunk
+        msg.job = got.job
         if got.repeated:
             msg.counts["repeated"] += got.repeated  # the same id twice in one chunk: answered once
         for obj, why in got.unusable:
@@ -885,6 +894,13 @@ class Engine:
         if req.remaining:
             self._buckets.remove(lambda s: s.req is not req)
 
+    def _cancel(self, req: _Request) -> None:
+        """Answer a request cancelled before it started (never rendered, never on the device)."""
+        req.closed = True
+        res = cancelled_result(req.rid, _task_of(req), CANCELLED_MESSAGE)
+        answer = _system_one_answer(req, res) if systemone.is_system_one(req.obj) else None
+        self._answer(req.msg, req.rid, res, answer, req.digest)
+
     def _answer(self, msg: _Message, rid: str, res: RowResult | dict[str, Any],
                 answer: dict[str, Any] | None = None, digest: str | None = None) -> None:
         """Queue one result for storing: a RowResult, or the JSON form a decode process sends, with
@@ -908,7 +924,8 @@ class Engine:
         items, self._to_store = self._to_store, []
         dead, self._to_dead = self._to_dead, []
         try:
-            outcomes = self.store.store([(rid, meta) for _, rid, meta, _ in items]) if items else []
+            outcomes = (self.store.store([(rid, meta) for _, rid, meta, _ in items],
+                                         jobs=[msg.job for msg, _, _, _ in items]) if items else [])
             if dead:
                 self.store.redis.lpush(self._dead_key, *[entry for _, _, entry in dead])
         except Exception as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from vela2.packing import padded_tokens
 from vela2.wire import fleet, keys
+from vela2.wire.jobs import JOB_FIELDS, STATUSES, parse_job
 from worker.health import Health
 from worker.health import serve as serve_http
 from worker.retry import write_blocked_seconds
@@ -53,6 +55,41 @@ class QueueDepthCollector(Collector):
         yield GaugeMetricFamily("vela2_unacked_messages", "Messages delivered to some worker (of any model) and not "
                                 "yet acked: buffered or running (kombu's unacked hash)",
                                 value=float(depths[keys.UNACKED_KEY]))
+
+
+JOBS_SCRAPED = 1000  # the newest jobs of a model a scrape reads (one pipelined round trip)
+
+
+class JobsCollector(Collector):
+    """`vela2_jobs{status}`: the model's newest JOBS_SCRAPED bulk jobs by status (vela2.wire.jobs:
+    validating, in_progress, cancelling, completed, cancelled, expired, failed), read from Redis at
+    scrape time: the index, then one HMGET per job, in one pipeline after the index read."""
+
+    def __init__(self, redis: Any, model: str):
+        self.redis = redis
+        self.model = model
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            jobs = self.redis.zrevrange(keys.jobs_key(self.model), 0, JOBS_SCRAPED - 1)
+            pipe = self.redis.pipeline(transaction=False)
+            for job in jobs:
+                pipe.hmget(keys.job_key(job.decode() if isinstance(job, bytes) else job), JOB_FIELDS)
+            records = pipe.execute() if jobs else []
+        except Exception as e:  # a scrape must not fail because Redis is away; the gauge is just absent
+            log.warning("jobs by status unavailable: %s", e)
+            return
+        now = time.time()
+        counts = dict.fromkeys(STATUSES, 0)
+        for values in records:
+            info = parse_job(values, now)
+            if info is not None:
+                counts[info.status] += 1
+        g = GaugeMetricFamily("vela2_jobs", f"Bulk jobs of this model by status (the newest {JOBS_SCRAPED:,})",
+                              labels=["status"])
+        for status, n in counts.items():
+            g.add_metric([status], float(n))
+        yield g
 
 
 def gpu_memory(device: str) -> dict[str, float] | None:
@@ -94,8 +131,8 @@ class Metrics:
         self.server: Any = None  # the metrics HTTP server once serve() ran
         self._children: dict[tuple[int, str], Any] = {}  # see _child
         r = self.registry
-        self.requests = Counter("vela2_requests", "Results stored, by status (ok, error, expired)", ["status"],
-                                registry=r)
+        self.requests = Counter("vela2_requests", "Results stored, by status (ok, error, expired, cancelled: "
+                                "cancelled before the worker started them, never run)", ["status"], registry=r)
         self.failures = Counter("vela2_failures", "Failed requests, by reason (error type)", ["reason"], registry=r)
         self.duplicates = Counter("vela2_duplicate_deliveries", "Deliveries of requests that already had a result "
                                   "or were being answered",
@@ -120,10 +157,11 @@ class Metrics:
 
     def describe_worker(self, *, model: str, device: str, precision: str, redis: Any, queues: list[str],
                         gpu_memory_source: Callable[[], dict[str, float] | None] | None = None) -> None:
-        """Label this worker and register the scrape-time collectors (queue depth, GPU memory: by
-        default this process's own)."""
+        """Label this worker and register the scrape-time collectors (queue depth, jobs by status, GPU
+        memory: by default this process's own)."""
         self.info.labels(model, device, precision).set(1)
         self.registry.register(QueueDepthCollector(redis, queues))
+        self.registry.register(JobsCollector(redis, model))
         self.registry.register(GpuMemoryCollector(device, gpu_memory_source or partial(gpu_memory, device)))
 
     def padded_tokens(self, tokens: list[int]) -> int:

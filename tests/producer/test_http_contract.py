@@ -10,13 +10,17 @@ description names them) are not generated as valid ones.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from producer.client import Client
+from producer.jobs import job_info, submit_job
 from stack.harness import ROOT, child_env
 
 CONTRACT = Path(__file__).resolve().parent / "contract"
@@ -24,11 +28,25 @@ MAX_EXAMPLES = 100  # per operation and phase
 SEED = 1  # a fixed seed: the same requests on every run (raise MAX_EXAMPLES, or vary it, to explore)
 
 
+def completed_job(redis_url: str, timeout_s: float = 120.0) -> str:
+    """A bulk job of one row, answered by the worker: the job id the run's job routes use."""
+    with Client(redis_url, model="vela2-demo") as client:
+        row = {"id": "st-1", "task": "choice:boolq", "text": "It rained.", "questions": [{"options": ["yes", "no"]}]}
+        job = submit_job(client, [json.dumps(row).encode()]).id
+        deadline = time.monotonic() + timeout_s
+        while job_info(client, job).status != "completed":
+            assert time.monotonic() < deadline, job_info(client, job)
+            time.sleep(0.05)
+    return job
+
+
 @pytest.mark.timeout(600)
 def test_schemathesis_finds_no_failure_against_the_route_and_a_worker(redis_url, real_worker, http_server, tmp_path):
     real_worker(redis_url)
     base = http_server(redis_url, "--log-level", "warning")
-    env = child_env({"SCHEMATHESIS_HOOKS": "vela2_st_hooks", "PYTHONPATH": os.pathsep.join([str(CONTRACT), str(ROOT)])})
+    job = completed_job(redis_url)
+    env = child_env({"SCHEMATHESIS_HOOKS": "vela2_st_hooks", "PYTHONPATH": os.pathsep.join([str(CONTRACT), str(ROOT)]),
+                     "VELA2_ST_JOB_ID": job})
     run = subprocess.run(
         [sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONTRACT / "schemathesis.toml"), "--no-color",
          "run", f"{base}/openapi.json", "--checks", "all", "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),

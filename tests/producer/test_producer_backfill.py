@@ -417,3 +417,57 @@ def test_a_tenants_backfill_queues_and_reads_its_own_ids(tmp_path, redis_server,
         assert decode_body(decode_envelope(raw).body).requests[0]["id"] == "acme/c"
     finally:
         client.close()
+
+
+def test_retry_timeouts_scores_again_the_rows_that_no_worker_answered(tmp_path, redis_url, fake_worker, caplog):
+    caplog.set_level(logging.WARNING, logger="producer.backfill")
+    inp = write_jsonl(tmp_path / "in.jsonl", [row(i) for i in range(6)])
+    out = tmp_path / "out.jsonl"
+    # no worker: every row times out, and the stall is reported once (the queue does not shrink)
+    s = run_backfill(inp, out, redis_url=redis_url, model=MODEL, window=6, chunk_size=2, timeout_s=1.0,
+                     poll_s=0.02, stall_warn_s=0.2)
+    assert s.timeout == 6 and s.stall_warnings == 1
+    warned = [m for m in caplog.messages if "is a worker running for model 'vela2-demo'" in m]
+    assert len(warned) == 1 and "(0 live workers)" in warned[0] and f"queue {QUEUE} is not shrinking" in warned[0]
+    assert run_backfill(inp, out, redis_url=redis_url, model=MODEL).skipped == 6  # a plain rerun skips them
+
+    fake_worker()
+    s2 = run_backfill(inp, out, redis_url=redis_url, model=MODEL, retry="timeouts", poll_s=0.02, stall_warn_s=0.2)
+    assert s2.retried == 6 and s2.ok == 6 and s2.stall_warnings == 0
+    lines = read_out(out)
+    assert sorted(x["id"] for x in lines) == sorted(row(i)["id"] for i in range(6))  # each id once
+    assert {x["status"] for x in lines} == {"ok"}
+
+
+def test_retry_errors_drops_the_stored_failures_and_keeps_the_ok_lines(tmp_path, redis_url, fake_worker):
+    from vela2.errors import ModelError
+
+    def flaky(r):
+        if r.id.endswith(("1", "3")):
+            raise ModelError("the device fell over")
+        return [{"probs": {"yes": 0.5, "no": 0.5}, "decision": "yes"}]
+
+    inp = write_jsonl(tmp_path / "in.jsonl", [row(i) for i in range(4)])
+    out = tmp_path / "out.jsonl"
+    worker = fake_worker(answer=flaky)
+    s = run_backfill(inp, out, redis_url=redis_url, model=MODEL, poll_s=0.02)
+    assert (s.ok, s.error) == (2, 2)
+    worker.stop()
+    assert run_backfill(inp, out, redis_url=redis_url, model=MODEL, retry="timeouts").retried == 0  # no timeouts
+    fake_worker()  # answers every row
+    s2 = run_backfill(inp, out, redis_url=redis_url, model=MODEL, retry="errors", poll_s=0.02)
+    assert (s2.retried, s2.skipped, s2.ok, s2.recovered) == (2, 2, 2, 0)
+    by_id = {x["id"]: x for x in read_out(out)}
+    assert len(read_out(out)) == 4 and {x["status"] for x in by_id.values()} == {"ok"}
+
+
+def test_a_bad_retry_value_is_refused_by_name(tmp_path):
+    from producer.backfill import main
+
+    inp = write_jsonl(tmp_path / "in.jsonl", [row(0)])
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        main([str(inp), str(tmp_path / "out.jsonl"), "--retry", "everything"])
+    from vela2.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="retry must be one of errors, timeouts; got 'all'"):
+        run_backfill(inp, tmp_path / "out.jsonl", retry="all")

@@ -231,7 +231,8 @@ def test_openapi_describes_every_route_and_the_systemone_schemas(redis_url, http
         # no page that loads scripts from a CDN: the document alone, which names no remote asset
         assert http.get("/docs").status_code == 404 and http.get("/redoc").status_code == 404
         assert "cdn" not in raw.text.lower() and "<script" not in raw.text
-    assert set(spec["paths"]) == {"/v1/system_one", "/v1/results/{request_id}", "/healthz", "/readyz"}
+    assert set(spec["paths"]) == {"/v1/system_one", "/v1/results/{request_id}", "/healthz", "/readyz", "/v1/batches",
+                                  "/v1/batches/{job_id}", "/v1/batches/{job_id}/output", "/v1/batches/{job_id}/cancel"}
     post = spec["paths"]["/v1/system_one"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/SystemOneRequest"
@@ -241,7 +242,7 @@ def test_openapi_describes_every_route_and_the_systemone_schemas(redis_url, http
     assert {"200", "202", "404", "410", "500", "503", "504"} <= set(get["responses"])
     assert "result_expired" in get["responses"]["410"]["description"]
     schemas = spec["components"]["schemas"]
-    assert {"SystemOneRequest", "SystemOneTask", "SystemOneAnswer", "TaskAnswer", "Pending"} <= set(schemas)
+    assert {"SystemOneRequest", "SystemOneTask", "SystemOneAnswer", "TaskAnswer", "Pending", "Batch"} <= set(schemas)
     refs = set()
 
     def walk(node):

@@ -283,7 +283,7 @@ def test_the_fixtures_name_the_extra_when_fakeredis_has_no_lua(tmp_path):
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_thread_that_died_is_said_at_once_not_waited_on(vela2_client, vela2_fake_worker):
-    def broken_store(items):
+    def broken_store(items, jobs=None):
         raise ValueError("a bug in the fake")
 
     vela2_fake_worker.store.store = broken_store

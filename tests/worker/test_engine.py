@@ -17,7 +17,8 @@ import pytest
 
 from vela2.calibration import Calibration
 from vela2.schemas import Answer, RowResult, Status, parse_row
-from vela2.wire.keys import result_key
+from vela2.wire.jobs import JOB_FIELDS, parse_job, request_wire_id
+from vela2.wire.keys import cancel_key, job_key, result_key
 from vela2.wire.messages import build_message
 from vela2.wire.results import ResultStore, read_results, row_meta
 from worker.engine import Delivery, Engine, EngineSettings
@@ -304,11 +305,11 @@ def test_a_failing_store_delays_the_ack(redis):
     real_store = engine.store.store
     calls = {"n": 0}
 
-    def flaky(items):
+    def flaky(items, jobs=None):
         calls["n"] += 1
         if calls["n"] == 1:
             raise ConnectionError("redis away")
-        return real_store(items)
+        return real_store(items, jobs)
 
     engine.store.store = flaky  # type: ignore[method-assign]
     engine.submit(broker.delivery([row("x")]))
@@ -401,7 +402,7 @@ def test_a_result_redis_will_not_take_becomes_a_storage_error_and_full_redis_is_
     real_store = engine.store.store
     calls = {"full": 2}
 
-    def picky(items):
+    def picky(items, jobs=None):
         if calls["full"]:  # Redis full for two tries: everything waits, nothing is lost
             calls["full"] -= 1
             return [redis_lib.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
@@ -651,3 +652,39 @@ def test_every_stored_answer_carries_its_requests_content_digest(redis):
         meta = json.loads(redis.get(result_key(obj["id"])))
         assert meta["vela2_digest"] == request_digest(obj)
     assert request_digest(good) == request_digest({**good, "id": "another"}) != request_digest(bad)
+
+
+def test_a_cancelled_request_is_answered_cancelled_never_rendered_nor_run_and_its_job_counts_it(redis):
+    engine, pipe, broker = make_engine(redis)
+    prepared = []
+    real_prepare = pipe.prepare
+    pipe.prepare = lambda model, obj: prepared.append(obj["id"]) or real_prepare(model, obj)
+    job = "batch_e"
+    redis.hset(job_key(job), mapping={"id": job, "model": "m", "input": "done", "total": 4, "ok": 0, "error": 0,
+                                      "expired": 0, "cancelled": 0})
+    ids = [request_wire_id(job, i) for i in range(4)]
+    redis.set(cancel_key(ids[1]), "1")  # one request cancelled by id
+    engine.submit(broker.delivery([row(i) for i in ids[:2]], chunk=True, headers={"vela2_job": job}))
+    broker.wait(1)
+    redis.hset(job_key(job), "cancel_at", 1.0)  # then the whole job
+    engine.submit(broker.delivery([row(i) for i in ids[2:]], chunk=True, headers={"vela2_job": job}))
+    broker.wait(2)
+    engine.stop(5)
+    got = read_results(redis, ids)
+    assert [got[i].status for i in ids] == [Status.ok, Status.cancelled, Status.cancelled, Status.cancelled]
+    assert got[ids[2]].error.type == "cancelled" and prepared == [ids[0]]
+    assert [s for batch in pipe.batches for s, _ in batch] == [ids[0]]  # only the one not cancelled ran
+    info = parse_job(redis.hmget(job_key(job), JOB_FIELDS), time.time())
+    assert info.status == "cancelled" and info.counts == {"queued": 0, "ok": 1, "error": 0, "expired": 0,
+                                                          "cancelled": 3}
+    assert engine.stats.results["cancelled"] == 3 and "cancelled 3" in engine.stats.summary()
+
+
+def test_a_job_header_naming_another_job_moves_no_counter(redis):
+    engine, _, broker = make_engine(redis)
+    redis.hset(job_key("batch_x"), mapping={"id": "batch_x", "input": "done", "total": 5, "ok": 0})
+    engine.submit(broker.delivery([row("not-of-the-job")], headers={"vela2_job": "batch_x"}))
+    broker.wait(1)
+    engine.stop(5)
+    assert read_results(redis, ["not-of-the-job"])["not-of-the-job"].status == Status.ok
+    assert redis.hget(job_key("batch_x"), "ok") == b"0"

@@ -17,6 +17,10 @@ SUBMITTED_PREFIX = "vela2:submitted:"  # a marker a tracking client sets at subm
 WORKERS_PREFIX = "vela2:workers:"  # a sorted set per model: worker id -> its last heartbeat (unix time)
 WORKER_INFO_PREFIX = "vela2:worker:"  # per live worker: its JSON description (`vela2 status`), TTL 3 beats
 HEARTBEAT_S = 5.0  # a live worker beats this often; a reader counts one 3 beats old as gone
+CANCEL_PREFIX = "vela2:cancel:"  # a marker per cancelled request id (Client.cancel); the worker checks it at intake
+JOB_PREFIX = "vela2:job:"  # a hash per bulk job (vela2.wire.jobs), and its id list `<key>:ids`
+JOBS_PREFIX = "vela2:jobs:"  # a sorted set per model: job id -> its creation time (`vela2 jobs list`, metrics)
+JOB_HEADER = "vela2_job"  # the message header naming the job a message's requests belong to
 
 # kombu's Redis transport: delivered, not yet acknowledged messages live in these (its defaults),
 # and priority messages in sub-lists named <queue><sep><priority>.
@@ -80,6 +84,27 @@ def submitted_key(request_id: str) -> str:
 def attempts_key(request_id: str) -> str:
     """The counter of deliveries in which a request started running (`vela2:attempts:<id>`)."""
     return ATTEMPTS_PREFIX + request_id
+
+
+def cancel_key(request_id: str) -> str:
+    """The marker of a cancelled request (`vela2:cancel:<id>`): a worker that has not started it
+    answers it `cancelled` instead of scoring it."""
+    return CANCEL_PREFIX + request_id
+
+
+def job_key(job_id: str) -> str:
+    """The hash of one bulk job (`vela2:job:<id>`, the id scoped to its tenant): fields and counters."""
+    return JOB_PREFIX + job_id
+
+
+def job_ids_key(job_id: str) -> str:
+    """The list of a job's input lines in order (`vela2:job:<id>:ids`; vela2.wire.jobs says what an entry holds)."""
+    return f"{JOB_PREFIX}{job_id}:ids"
+
+
+def jobs_key(model_name: str) -> str:
+    """The index of a model's jobs: a sorted set, job id -> creation time (unix seconds)."""
+    return f"{JOBS_PREFIX}{model_name}"
 
 
 def workers_key(model_name: str) -> str:

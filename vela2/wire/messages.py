@@ -8,6 +8,8 @@ other end). The body is base64(JSON [args, kwargs, embed]):
   every request is answered under its own id, the chunk id gets a small summary.
 
 A deadline becomes Celery's `expires` header (ISO 8601); the worker answers `expired` after it.
+The requests of a bulk job carry its id in the `vela2_job` header (vela2.wire.jobs): the worker
+counts their results on the job's record as it stores them.
 `build_message` writes the layout; `decode_delivery` reads a delivered message back (headers +
 body + content type -> its id, its requests with the ids they are answered under, its expiry), so
 the worker and every fake of it decode exactly what the producer built.
@@ -28,7 +30,7 @@ from typing import Any
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, LimitExceeded
 from vela2.schemas import content_id
-from vela2.wire.keys import TASK_NAME, chunk_id, id_problem
+from vela2.wire.keys import JOB_HEADER, TASK_NAME, chunk_id, id_problem
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +84,12 @@ def build_message(
     expires: datetime | None = None,
     max_message_bytes: int = LIMITS.max_message_bytes,
     extra_headers: dict[str, Any] | None = None,
+    job: str | None = None,
 ) -> Message:
     """Build one message for `requests` (exactly one unless `chunk`); raises LimitExceeded when the
     JSON body is over `max_message_bytes` (the worker would refuse it). `extra_headers`: added to
-    Celery's (the trace context of vela2.wire.tracing)."""
+    Celery's (the trace context of vela2.wire.tracing). `job`: the (scoped) id of the bulk job the
+    requests belong to (their ids must be that job's, vela2.wire.jobs.request_wire_id)."""
     if not requests:
         raise InvalidRequest("a message needs at least one request")
     if not chunk and len(requests) != 1:
@@ -129,6 +133,8 @@ def build_message(
         "stamps": {},
         **(extra_headers or {}),
     }
+    if job is not None:
+        headers[JOB_HEADER] = job
     envelope = {
         "body": base64.b64encode(body).decode("ascii"),
         "content-encoding": "utf-8",
@@ -269,8 +275,8 @@ def message_id(headers: dict[str, Any]) -> str | None:
 class Delivered:
     """A decoded delivery: the message id, whether it is a chunk, its requests as (id, request)
     pairs in order (an id repeated inside one chunk is answered once: `repeated` counts the rest),
-    its deadline, and the requests whose id cannot be a key (`unusable`: (request, why)), which
-    can only be dead-lettered."""
+    its deadline, the requests whose id cannot be a key (`unusable`: (request, why)), which
+    can only be dead-lettered, and the bulk job its requests are counted on (None: none)."""
 
     message_id: str
     chunk: bool
@@ -278,6 +284,7 @@ class Delivered:
     expires: datetime | None
     repeated: int = 0
     unusable: list[tuple[Any, str]] = field(default_factory=list)
+    job: str | None = None
 
 
 def decode_delivery(
@@ -319,7 +326,23 @@ def decode_delivery(
             repeated += 1
             continue
         pairs[rid] = obj
-    return Delivered(mid, decoded.chunk, list(pairs.items()), expires, repeated, unusable)
+    return Delivered(mid, decoded.chunk, list(pairs.items()), expires, repeated, unusable,
+                     message_job(headers, list(pairs)))
+
+
+def message_job(headers: dict[str, Any], ids: list[str]) -> str | None:
+    """The job a delivery's requests are counted on: its `vela2_job` header, honoured only when
+    every request id is one of that job's (`<job>#<line>`), so a message can never move the
+    counters of a job it does not belong to."""
+    job = headers.get(JOB_HEADER)
+    if not isinstance(job, str) or not job or id_problem(job):
+        return None
+    prefix = job + "#"
+    if not ids or not all(rid.startswith(prefix) for rid in ids):
+        log.warning("message %.80s names job %.80s but carries ids of no such job; not counted on it",
+                    headers.get("id"), job)
+        return None
+    return job
 
 
 def answerable_ids(mid: str, body: bytes | str) -> list[str]:

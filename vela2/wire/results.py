@@ -17,6 +17,9 @@ becomes "answered" when the result is written, and then lives `expired_marker_s`
 result: a reader that finds no result but that marker knows the result expired (never an endless
 wait), and a marker never says "pending" about a request whose answer has come and gone.
 
+Results of a bulk job's requests are written by vela2.wire.jobs.STORE_JOB_SCRIPT instead: the same
+write, plus the job's counter of the result's status, in the same call (`ResultStore.store(jobs=)`).
+
 The writer (`ResultStore`, `row_meta`, `chunk_meta`) is the worker's; the readers (`parse_meta`,
 `parse_answer`, `read_results`, `read_answers`) are the producer's. Callers hand in their Redis
 client (redis-py or fakeredis, sync).
@@ -35,7 +38,8 @@ import redis
 
 from vela2 import errors
 from vela2.schemas import RowResult, Status
-from vela2.wire.keys import result_key, submitted_key
+from vela2.wire.jobs import ADMIT_SCRIPT, STORE_JOB_SCRIPT, job_keys
+from vela2.wire.keys import cancel_key, job_key, result_key, submitted_key
 
 log = logging.getLogger(__name__)
 
@@ -45,22 +49,10 @@ DEFAULT_SUBMITTED_TTL_S = DEFAULT_RESULT_EXPIRES_S  # a pending marker: how long
 DEFAULT_EXPIRED_MARKER_S = 86_400  # an "answered" marker outlives its result by this long
 ANSWERED = "answered"  # the submitted marker's value once the result is written
 
-# Write once: SET NX EX, announce the value on the key's channel, and turn the request's submitted
-# marker (if any) into the "answered" tombstone, only when the result was written.
-STORE_SCRIPT = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
-  redis.call('PUBLISH', KEYS[1], ARGV[1])
-  if redis.call('EXISTS', KEYS[2]) == 1 then
-    redis.call('SET', KEYS[2], 'answered', 'EX', ARGV[3])
-  end
-  return 1
-end
-return 0
-"""
-
-
-# The same write for many results in one call: KEYS = result key, marker key, result key, marker
-# key, ...; ARGV = result TTL, marker TTL, then one value per result. Returns 1 / 0 per result.
+# Write once, many results in one call: SET NX EX each, announce the value on the key's channel, and
+# turn the request's submitted marker (if any) into the "answered" tombstone, only when written.
+# KEYS = result key, marker key, result key, marker key, ...; ARGV = result TTL, marker TTL, then one
+# value per result. Returns 1 / 0 per result.
 # While Redis is full its first SET is refused, and with it the whole call (Redis checks memory
 # at a script's first write only): nothing is half written. (No shebang flags: fakeredis runs it too.)
 STORE_MANY_SCRIPT = """
@@ -204,9 +196,10 @@ class ResultStore:
     expired_marker_s: int = DEFAULT_EXPIRED_MARKER_S
 
     def __post_init__(self) -> None:
-        self._script = self.redis.register_script(STORE_SCRIPT)
         self._store_many = self.redis.register_script(STORE_MANY_SCRIPT)
+        self._store_job = self.redis.register_script(STORE_JOB_SCRIPT)
         self._exists_many = self.redis.register_script(EXISTS_MANY_SCRIPT)
+        self._admit = self.redis.register_script(ADMIT_SCRIPT)
 
     def existing(self, ids: Iterable[str]) -> set[str]:
         """The ids among `ids` that already have a stored result (one call per 512 ids)."""
@@ -218,46 +211,80 @@ class ResultStore:
             found.update(rid for rid, n in zip(part, flags, strict=True) if n)
         return found
 
-    def store(self, items: list[tuple[str, dict[str, Any]]]) -> list[bool | Exception]:
+    def admission(self, items: list[tuple[str, str | None]]) -> list[int]:
+        """Per (id, job or None): ADMIT_ANSWERED (a result is stored: a duplicate), ADMIT_CANCELLED
+        (its cancel marker is set, or its job's cancel was asked) or ADMIT_RUN (vela2.wire.jobs), in
+        one pipelined round trip (one script call per 512 requests)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for k in range(0, len(items), _MANY_MAX):
+            part = items[k : k + _MANY_MAX]
+            keys: list[str] = []
+            for rid, job in part:
+                keys += [result_key(rid), cancel_key(rid)] + ([job_key(job)] if job else [])
+            self._admit(keys=keys, args=["1" if job else "0" for _, job in part], client=pipe)
+        return [int(code) for reply in pipe.execute() for code in reply]
+
+    def store(self, items: list[tuple[str, dict[str, Any]]], jobs: list[str | None] | None = None,
+              now: float | None = None) -> list[bool | Exception]:
         """Write (id, meta) pairs, write-once. Per item: True where this call wrote the value, False
         where a result was already there (left unchanged), or the exception that item alone met (an
         id that cannot be a key, a value Redis refuses): the other items are written all the same.
-        One call per 512 results; should Redis refuse such a call for what one value is (too
-        large), its items are written one by one in a pipeline, each meeting only its own error.
-        Raises only when a round trip itself fails (Redis away)."""
+        `jobs`: per item, the (scoped) job it belongs to, or None: a written result of a job is
+        counted on it by its status in the same script call (vela2.wire.jobs; `now` stamps a job
+        that this ends). One pipelined round trip (a script call per 512 results of one job); should
+        Redis refuse such a call for what one value is (too large), its items are written one by
+        one in a pipeline, each meeting only its own error. Raises only when a round trip itself
+        fails (Redis away)."""
         out: list[bool | Exception] = [False] * len(items)
         ttls = [int(self.ttl_s), int(self.ttl_s) + int(self.expired_marker_s)]
-        ready: list[tuple[int, list[bytes], bytes]] = []
+        groups: dict[str | None, list[_Ready]] = {}
         for i, (rid, meta) in enumerate(items):
             try:
                 keys = [result_key(rid).encode("utf-8"), submitted_key(rid).encode("utf-8")]
             except UnicodeEncodeError as e:
                 out[i] = e
                 continue
-            ready.append((i, keys, encode_meta(meta)))
-        for k in range(0, len(ready), _MANY_MAX):
-            part = ready[k : k + _MANY_MAX]
-            try:
-                flags = self._store_many(keys=[key for _, ks, _ in part for key in ks],
-                                         args=[*ttls, *(v for _, _, v in part)])
-            except REFUSED_ERRORS as e:  # refused whole: every item waits
-                for i, _, _ in part:
-                    out[i] = e
-                continue
-            except redis.exceptions.ResponseError:  # one value refused: find which, item by item
-                self._store_each(part, ttls, out)
-                continue
-            for (i, _, _), flag in zip(part, flags, strict=True):
-                out[i] = bool(flag)
+            row = meta.get("vela2")
+            status = str(row.get("status", "")) if isinstance(row, dict) else ""  # a chunk summary: not counted
+            groups.setdefault(jobs[i] if jobs else None, []).append((i, keys, encode_meta(meta), status))
+        stamp = str(datetime.now(UTC).timestamp() if now is None else now)
+        parts = [(job, g[k : k + _MANY_MAX]) for job, g in groups.items() for k in range(0, len(g), _MANY_MAX)]
+        if not parts:
+            return out
+        pipe = self.redis.pipeline(transaction=False)
+        for job, part in parts:
+            self._call(job, part, ttls, stamp, pipe)
+        for (job, part), reply in zip(parts, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, REFUSED_ERRORS):  # refused whole: every item waits
+                for i, _, _, _ in part:
+                    out[i] = reply
+            elif isinstance(reply, redis.exceptions.ResponseError):  # one value refused: find which
+                self._store_each(job, part, ttls, stamp, out)
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                for (i, _, _, _), flag in zip(part, reply, strict=True):
+                    out[i] = bool(flag)
         return out
 
-    def _store_each(self, part: list[tuple[int, list[bytes], bytes]], ttls: list[int],
+    def _call(self, job: str | None, part: list[_Ready], ttls: list[int], stamp: str, client: Any) -> Any:
+        """One store script call for `part` (all of one job, or of none) on `client` (a pipeline)."""
+        if job is None:
+            return self._store_many(keys=[key for _, ks, _, _ in part for key in ks],
+                                    args=[*ttls, *(v for _, _, v, _ in part)], client=client)
+        return self._store_job(keys=[*job_keys(job), *(key for _, ks, _, _ in part for key in ks)],
+                               args=[*ttls, stamp, *(x for _, _, v, st in part for x in (st, v))], client=client)
+
+    def _store_each(self, job: str | None, part: list[_Ready], ttls: list[int], stamp: str,
                     out: list[bool | Exception]) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        for _, keys, value in part:
-            self._script(keys=keys, args=[value, *ttls], client=pipe)
-        for (i, _, _), reply in zip(part, pipe.execute(raise_on_error=False), strict=True):
-            out[i] = reply if isinstance(reply, Exception) else bool(reply)
+        for item in part:
+            self._call(job, [item], ttls, stamp, pipe)
+        for (i, _, _, _), reply in zip(part, pipe.execute(raise_on_error=False), strict=True):
+            out[i] = reply if isinstance(reply, Exception) else bool(reply[0])
+
+
+_Ready = tuple[int, list[bytes], bytes, str]  # (item index, [result key, marker key], value, status)
 
 
 # --- reading ---------------------------------------------------------------------------------

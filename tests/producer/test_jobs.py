@@ -1,0 +1,250 @@
+"""Bulk jobs on fakeredis with the shipped FakeWorker: the record, the counters, cancel, results in order."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+
+from producer import jobs as jobs_mod
+from producer.client import Client
+from producer.jobs import (
+    PUSH_LINES,
+    cancel_job,
+    job_info,
+    job_lines,
+    list_jobs,
+    submit_job,
+)
+from producer.testing import FakeWorker
+from vela2.errors import InvalidRequest, JobNotFound
+from vela2.wire.jobs import SUBMIT_STALE_S, request_wire_id
+from vela2.wire.keys import job_key, jobs_key, result_key
+from vela2.wire.results import read_results
+
+MODEL = "vela2-demo"
+
+
+def row(i: int | str, **kw) -> dict:
+    return {"id": f"r-{i}", "task": "choice:boolq", "text": f"text {i}",
+            "questions": [{"question": "Is it?", "options": ["yes", "no"]}], **kw}
+
+
+def lines(objs: list) -> list[bytes]:
+    return [(o if isinstance(o, str) else json.dumps(o)).encode() + b"\n" for o in objs]
+
+
+@pytest.fixture
+def redis() -> Iterator[fakeredis.FakeRedis]:
+    r = fakeredis.FakeRedis()
+    yield r
+    r.flushall()
+
+
+@pytest.fixture
+def client(redis) -> Client:
+    return Client(redis=redis, model=MODEL)
+
+
+def test_a_mixed_file_becomes_a_job_whose_counts_are_exact_and_whose_results_come_in_input_order(redis, client):
+    s1 = {"model": MODEL, "id": "s-1", "input": "Where is my refund?",
+          "tasks": [{"name": "intent", "kind": "choice", "options": ["refund", "other"]}]}
+    objs = [
+        row(1),
+        "not json",
+        s1,
+        {"custom_id": "c-1", "method": "POST", "url": "/v1/system_one", "body": row(2)},
+        {"custom_id": "c-2", "body": [1, 2]},  # a body that is no object: an error line of the job
+        "",  # blank: skipped
+        [1, 2],  # no object
+        row(1),  # the same id twice: both lines answered
+        {"custom_id": "c-3", "body": {**row(3), "questions": [{"options": ["only-one"]}]}},  # invalid
+    ]
+    created = []
+    done = submit_job(client, lines(objs), on_created=created.append, metadata={"owner": "me"})
+    assert created == [done.id] and done.id.startswith("batch_")
+    assert (done.lines, done.queued, done.invalid, done.blank) == (8, 4, 4, 1)
+    info = job_info(client, done.id)
+    assert info.status == "in_progress" and info.total == 8 and info.input_done
+    assert info.counts == {"queued": 4, "ok": 0, "error": 4, "expired": 0, "cancelled": 0}
+    assert info.metadata == {"owner": "me"}
+
+    FakeWorker(redis, MODEL).drain()
+    info = job_info(client, done.id)
+    assert info.status == "completed" and info.ended_at is not None
+    assert info.counts == {"queued": 0, "ok": 4, "error": 4, "expired": 0, "cancelled": 0}
+    out = list(job_lines(client, done.id))
+    assert len(out) == 8
+    assert [line.get("id") if "custom_id" not in line else line["custom_id"] for line, _ in out] == [
+        "r-1", "line-2", "s-1", "c-1", "c-2", "line-7", "r-1", "c-3"]
+    assert [ok for _, ok in out] == [True, False, True, True, False, False, True, False]
+    assert out[2][0]["tasks"]["intent"]["decision"] == "refund"  # a SystemOne answer, under its own id
+    openai_ok, openai_bad = out[3][0], out[7][0]
+    assert openai_ok["response"]["status_code"] == 200 and openai_ok["error"] is None
+    assert openai_ok["response"]["body"]["id"] == "c-1" and openai_ok["id"] == request_wire_id(done.id, 3)
+    assert openai_bad["response"]["status_code"] == 422 and openai_bad["error"]["code"] == "invalid_request"
+    assert "line 9" in openai_bad["error"]["message"]
+    assert out[1][0]["error"]["message"].startswith("line 2: not valid JSON")
+
+
+def test_results_are_counted_once_when_a_message_is_delivered_twice(redis, client):
+    done = submit_job(client, lines([row(i) for i in range(5)]), chunk_size=5)
+    queue = "vela2.vela2-demo.backfill"
+    redis.rpush(queue, redis.lindex(queue, 0))  # a redelivery of the same message
+    FakeWorker(redis, MODEL).drain()
+    info = job_info(client, done.id)
+    assert info.status == "completed" and info.counts["ok"] == 5 and info.total == 5
+
+
+def test_a_job_cancelled_halfway_answers_the_rest_cancelled_and_ends_with_exact_counts(redis, client):
+    done = submit_job(client, lines([row(i) for i in range(40)]), chunk_size=4)
+    worker = FakeWorker(redis, MODEL)
+    assert worker.drain(max_messages=3).answered == 12
+    info = cancel_job(client, done.id)
+    assert info.status == "cancelling" and info.counts["ok"] == 12
+    worker.drain()
+    info = job_info(client, done.id)
+    assert info.status == "cancelled"
+    assert info.counts == {"queued": 0, "ok": 12, "error": 0, "expired": 0, "cancelled": 28}
+    results = [line for line, _ in job_lines(client, done.id)]
+    assert [r["status"] for r in results] == ["ok"] * 12 + ["cancelled"] * 28
+    assert results[20]["id"] == "r-20" and results[20]["error"]["type"] == "cancelled"
+    assert cancel_job(client, done.id).status == "cancelled"  # an ended job stays as it is
+
+
+def test_a_job_cancelled_while_its_input_streams_in_ends_cancelled_without_a_worker(redis, client):
+    n = 2 * PUSH_LINES + 10
+    done = submit_job(client, lines([row(i) for i in range(n)]), on_created=lambda job: cancel_job(client, job))
+    # the first push (PUSH_LINES lines) is queued before the cancel is seen; the rest is answered here
+    assert done.queued == PUSH_LINES and done.cancelled == n - PUSH_LINES
+    assert job_info(client, done.id).status == "cancelling"
+    FakeWorker(redis, MODEL).drain()  # the queued ones: answered cancelled, never scored
+    info = job_info(client, done.id)
+    assert info.status == "cancelled" and info.counts["cancelled"] == n and info.counts["ok"] == 0
+
+
+def test_submit_streams_its_input_and_results_stream_by_pages(redis, client, monkeypatch):
+    n = 3 * PUSH_LINES
+
+    def gen():
+        for i in range(n):
+            if i == 2 * PUSH_LINES:  # two pushes in Redis before the rest is even read
+                assert int(redis.hget(job_key(created[0]), "total")) == 2 * PUSH_LINES
+            yield json.dumps(row(i)).encode() + b"\n"
+
+    created: list[str] = []
+    done = submit_job(client, gen(), on_created=created.append)
+    FakeWorker(redis, MODEL).drain()
+    monkeypatch.setattr(jobs_mod, "READ_PAGE", 100)
+    mgets = []
+    real = redis.mget
+    monkeypatch.setattr(redis, "mget", lambda keys: mgets.append(len(keys)) or real(keys))
+    assert [line["id"] for line, _ in job_lines(client, done.id)] == [f"r-{i}" for i in range(n)]
+    assert max(mgets) == 100 and len(mgets) == -(-n // 100)
+
+
+def test_client_cancel_answers_a_queued_request_cancelled_and_leaves_an_answered_one(redis, client):
+    worker = FakeWorker(redis, MODEL)
+    client.submit(row("done"))
+    worker.drain()
+    client.submit(row("waiting"))
+    assert client.cancel(["r-done", "r-waiting"]) == ["r-waiting"]
+    worker.drain()
+    got = read_results(redis, ["r-done", "r-waiting"])
+    assert got["r-done"].status == "ok"
+    assert got["r-waiting"].status == "cancelled" and got["r-waiting"].error.type == "cancelled"
+
+
+def test_status_is_derived_in_one_place_validating_then_failed_when_the_submitter_is_gone(redis, client):
+    seen = {}
+
+    def gen():
+        seen["while"] = job_info(client, created[0]).status
+        yield json.dumps(row(1)).encode()
+
+    created: list[str] = []
+    done = submit_job(client, gen(), on_created=created.append)
+    assert seen["while"] == "validating"
+    redis.hset(job_key(done.id), mapping={"input": "reading", "beat": time.time() - SUBMIT_STALE_S + 5})
+    assert job_info(client, done.id).status == "validating"  # a submitter still beating
+    redis.hset(job_key(done.id), "beat", time.time() - SUBMIT_STALE_S - 1)  # as if killed mid-upload
+    assert job_info(client, done.id).status == "failed"
+
+
+def test_list_and_tenants_and_unknown_jobs(redis, client):
+    a = submit_job(client, lines([row(1)])).id
+    b = submit_job(client, lines([row(2)])).id
+    acme = Client(redis=redis, model=MODEL, tenant="acme")
+    c = submit_job(acme, lines([row(3)])).id
+    assert [j.id for j in list_jobs(client)] == [b, a]
+    assert [j.id for j in list_jobs(acme)] == [c]
+    with pytest.raises(JobNotFound):
+        job_info(client, c)  # another tenant's
+    redis.delete(job_key(a))  # expired: its index entry goes on the next list
+    assert [j.id for j in list_jobs(client)] == [b]
+    assert redis.zcard(jobs_key(MODEL)) == 2
+    with pytest.raises(JobNotFound):
+        cancel_job(client, "batch_nope")
+    assert redis.exists(result_key(f"acme/{c}#0")) == 0  # scoped: the tenant's line ids carry it
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"window_s": 0}, "window_s is 0; it must be > 0 and at most 2,592,000 s"),
+    ({"window_s": float("nan")}, "window_s is nan"),
+    ({"chunk_size": 0}, "chunk_size must be at least 1; got 0"),
+    ({"metadata": {"x": "y" * 70_000}}, "metadata has 70,008 bytes of JSON; limit 65,536"),
+])
+def test_bad_arguments_name_the_limit_and_the_value_and_create_nothing(redis, client, kw, message):
+    with pytest.raises(InvalidRequest, match=message.replace("(", r"\(")):
+        submit_job(client, lines([row(1)]), **kw)
+    assert redis.zcard(jobs_key(MODEL)) == 0
+
+
+def test_the_worker_metrics_count_jobs_by_status(redis, client):
+    from prometheus_client import generate_latest
+
+    from worker.metrics import Metrics
+
+    a = submit_job(client, lines([row(1)])).id
+    submit_job(client, lines([row(2)]))
+    cancel_job(client, a)
+    metrics = Metrics()
+    metrics.describe_worker(model=MODEL, device="cpu", precision="fp32", redis=redis, queues=[])
+    text = generate_latest(metrics.registry).decode()
+    assert 'vela2_jobs{status="cancelling"} 1.0' in text and 'vela2_jobs{status="in_progress"} 1.0' in text
+    FakeWorker(redis, MODEL).drain()
+    text = generate_latest(metrics.registry).decode()
+    assert 'vela2_jobs{status="cancelled"} 1.0' in text and 'vela2_jobs{status="completed"} 1.0' in text
+    assert 'vela2_jobs{status="in_progress"} 0.0' in text
+
+
+def test_a_job_whose_window_passed_ends_expired(redis, client):
+    done = submit_job(client, lines([row(i) for i in range(3)]), window_s=0.001)
+    FakeWorker(redis, MODEL).drain()  # past the window: answered expired, never scored
+    info = job_info(client, done.id)
+    assert info.status == "expired" and info.counts["expired"] == 3 and info.counts["ok"] == 0
+    assert [line["status"] for line, _ in job_lines(client, done.id)] == ["expired"] * 3
+
+
+def test_the_async_client_cancels_as_the_sync_one():
+    import asyncio
+
+    from producer.aio import AsyncClient
+
+    server = fakeredis.FakeServer()
+    redis = fakeredis.FakeRedis(server=server)
+    Client(redis=redis, model=MODEL).submit(row("q"))
+
+    async def go():
+        a = AsyncClient(redis=fakeredis.FakeAsyncRedis(server=server), model=MODEL)
+        try:
+            return await a.cancel(["r-q", "r-q"])
+        finally:
+            await a.aclose()
+
+    assert asyncio.run(go()) == ["r-q"]
+    FakeWorker(redis, MODEL).drain()
+    assert read_results(redis, ["r-q"])["r-q"].status == "cancelled"

@@ -1,0 +1,124 @@
+"""The bulk-job routes of `vela2 http` for real: a `python -m producer.http` process, a redis-server, and
+the fake worker in a thread (paused where a test needs the job to wait)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+MODEL = "vela2-demo"
+
+
+def row(i: int) -> dict:
+    return {"id": f"r-{i}", "task": "choice:boolq", "text": f"text {i}",
+            "questions": [{"question": "Is it?", "options": ["yes", "no"]}]}
+
+
+def jsonl(objs: list) -> bytes:
+    return "".join((o if isinstance(o, str) else json.dumps(o)) + "\n" for o in objs).encode()
+
+
+def wait_ended(http: httpx.Client, job: str, timeout_s: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = http.get(f"/v1/batches/{job}").json()
+        if got["status"] in ("completed", "cancelled", "expired", "failed"):
+            return got
+        assert time.monotonic() < deadline, got
+        time.sleep(0.02)
+
+
+def test_create_read_and_stream_a_batch(redis_url, http_server, fake_worker):
+    fake_worker()
+    base = http_server(redis_url)
+    body = jsonl([row(0), {"custom_id": "c-1", "body": row(1)}, "oops", row(2)])
+    with httpx.Client(base_url=base, timeout=30) as http:
+        r = http.post("/v1/batches", content=body, params={"window_s": 3600, "metadata": ["k=1", "team=a=b"]},
+                      headers={"content-type": "application/jsonl"})
+        assert r.status_code == 201, r.text
+        job = r.json()
+        assert job["object"] == "batch" and job["id"].startswith("batch_")
+        assert job["metadata"] == {"k": "1", "team": "a=b"}
+        assert job["request_counts"]["total"] == 4 and job["completion_window"] == "3600s"
+        done = wait_ended(http, job["id"])
+        assert done["status"] == "completed"
+        assert done["counts"] == {"queued": 0, "ok": 3, "error": 1, "expired": 0, "cancelled": 0}
+        out = http.get(f"/v1/batches/{job['id']}/output")
+        assert out.status_code == 200 and out.headers["content-type"].startswith("application/jsonl")
+        lines = [json.loads(x) for x in out.text.splitlines()]
+        assert [x.get("custom_id") or x["id"] for x in lines] == ["r-0", "c-1", "line-3", "r-2"]
+        assert lines[1]["response"]["status_code"] == 200 and lines[2]["error"]["type"] == "invalid_request"
+        again = http.post(f"/v1/batches/{job['id']}/cancel")  # an ended job stays as it is
+        assert again.status_code == 200 and again.json()["status"] == "completed"
+
+
+def test_cancel_a_batch_that_no_worker_started(redis_url, http_server, fake_worker):
+    worker = fake_worker()
+    worker.pause()
+    base = http_server(redis_url)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        job = http.post("/v1/batches", content=jsonl([row(i) for i in range(10)])).json()
+        assert job["status"] == "in_progress" and job["counts"]["queued"] == 10
+        early = http.get(f"/v1/batches/{job['id']}/output")
+        assert early.status_code == 409 and early.json()["error"]["type"] == "job_running"
+        assert "0 of 10 lines answered" in early.json()["error"]["message"]
+        cancel = http.post(f"/v1/batches/{job['id']}/cancel")
+        assert cancel.status_code == 200 and cancel.json()["status"] == "cancelling"
+        worker.resume()
+        done = wait_ended(http, job["id"])
+        assert done["status"] == "cancelled" and done["counts"]["cancelled"] == 10 and done["counts"]["ok"] == 0
+        assert done["request_counts"] == {"total": 10, "completed": 0, "failed": 10}
+
+
+def test_refusals_name_the_limit_and_the_value(redis_url, http_server):
+    base = http_server(redis_url, "--max-batch-bytes", "1000")
+    with httpx.Client(base_url=base, timeout=30) as http:
+        big = http.post("/v1/batches", content=b"x" * 1001)
+        assert big.status_code == 413 and "request body has 1,001 bytes; limit 1,000" in big.json()["error"]["message"]
+        empty = http.post("/v1/batches", content=b"")
+        assert empty.status_code == 422 and "body is empty: a batch needs at least one line" in empty.text
+        blank = http.post("/v1/batches", content=b"\n \n")  # lines, none a request: a job of 0 lines, done
+        assert blank.status_code == 201 and blank.json()["status"] == "completed" and blank.json()["counts"]["ok"] == 0
+        window = http.post("/v1/batches", content=jsonl([row(0)]), params={"window_s": 0})
+        assert window.status_code == 422 and "window_s" in window.json()["error"]["message"]
+        meta = http.post("/v1/batches", content=jsonl([row(0)]), params={"metadata": "no-pair"})
+        assert meta.status_code == 422 and "metadata.0: String should match pattern" in meta.json()["error"]["message"]
+        many = http.post("/v1/batches", content=jsonl([row(0)]), params={"metadata": [f"k{i}=v" for i in range(17)]})
+        assert many.status_code == 422 and "at most 16 items" in many.json()["error"]["message"]
+        for path in ("/v1/batches/batch_nope", "/v1/batches/batch_nope/output"):
+            assert http.get(path).status_code == 404
+        assert http.post("/v1/batches/batch_nope/cancel").status_code == 404
+        paths = http.get("/openapi.json").json()["paths"]
+        assert {"/v1/batches", "/v1/batches/{job_id}", "/v1/batches/{job_id}/output",
+                "/v1/batches/{job_id}/cancel"} <= set(paths)
+        assert "201" in paths["/v1/batches"]["post"]["responses"]
+        assert "application/jsonl" in paths["/v1/batches"]["post"]["requestBody"]["content"]
+
+
+def test_a_tenant_sees_and_cancels_only_its_own_batches(redis_url, http_server, fake_worker, tmp_path):
+    from producer.auth import new_key
+
+    fake_worker()
+    key_a, a = new_key("acme")
+    key_b, b = new_key("beta")
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text(a.line() + "\n" + b.line() + "\n")
+    base = http_server(redis_url, "--api-keys-file", str(keys))
+    acme, beta = {"Authorization": f"Bearer {key_a}"}, {"Authorization": f"Bearer {key_b}"}
+    with httpx.Client(base_url=base, timeout=30) as http:
+        assert http.post("/v1/batches", content=jsonl([row(0)])).status_code == 401
+        job = http.post("/v1/batches", content=jsonl([row(0), row(1)]), headers=acme).json()["id"]
+        for path in (f"/v1/batches/{job}", f"/v1/batches/{job}/output"):
+            assert http.get(path, headers=beta).status_code == 404
+        assert http.post(f"/v1/batches/{job}/cancel", headers=beta).status_code == 404
+        deadline = time.monotonic() + 30
+        while (got := http.get(f"/v1/batches/{job}", headers=acme).json())["status"] != "completed":
+            assert time.monotonic() < deadline, got
+            time.sleep(0.02)
+        lines = http.get(f"/v1/batches/{job}/output", headers=acme).text.splitlines()
+        assert [json.loads(x)["id"] for x in lines] == ["r-0", "r-1"]  # the tenant's ids, as given

@@ -1,0 +1,259 @@
+"""Bulk jobs in Redis: the record both sides share (producers create and read it, workers count on it).
+
+A job is two keys (names in vela2.wire.keys) and an index entry:
+
+- `vela2:job:<id>` (a hash): `id`, `model`, `tenant`, `created_at`, `deadline` (unix seconds),
+  `window_s`, `metadata` (JSON), `input` (`reading` while the submitter streams the input file,
+  then `done`), `beat` (the submitter's last push, unix seconds), `total` (lines registered so far),
+  the counters `ok` / `error` / `expired` / `cancelled`, `cancel_at` once a cancel was asked, and
+  `status` + `ended_at` once the job ended (written by the script that counted its last answer).
+- `vela2:job:<id>:ids` (a list): one entry per input line, in input order: a one-character kind
+  (`r`: a row or SystemOne request; `o`: an OpenAI-batch line) then the caller's id (the row's
+  id, its content id, `line-<N>` for a line that is no JSON object, or the OpenAI `custom_id`).
+  Line n (0-based) travels and is stored under `<job>#<n>` (`request_wire_id`), so two lines with
+  one id, or two jobs over one file, never meet; the caller's id is put back when results are read.
+- `vela2:jobs:<model>` (a sorted set): job id -> created_at, for `vela2 jobs list` and the metrics.
+
+Counting is exact and race-free: a result is counted by the Lua script that writes it (STORE_JOB_SCRIPT,
+SET NX: a duplicate delivery writes nothing and counts nothing), and the same script ends the job when
+the input is `done` and ok + error + expired + cancelled == total (FINISH: `cancelled` when a cancel was
+asked, else `expired` when some request expired, else `completed`). The submitter's last step
+(FINISH_INPUT_SCRIPT) runs the same check, so whichever comes last ends the job, once. An ended job's
+keys then live as long as its results (the result TTL).
+
+The status a reader sees is derived in one place, `job_status`: the stored terminal status; else
+`cancelling` (cancel asked); else `validating` while the input streams in, or `failed` when the
+submitter stopped beating before the input was done (killed mid-upload); else `in_progress`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from vela2.wire.keys import job_ids_key, job_key
+
+JOB_ID_PREFIX = "batch_"  # job ids look like OpenAI's: batch_<32 hex>
+LINE_SEP = "#"  # a job line's wire id: <job>#<line index>
+KIND_ROW = "r"  # an ids-list entry of a row / SystemOne line
+KIND_OPENAI = "o"  # an ids-list entry of an OpenAI-batch line (`custom_id` + `body`)
+COUNTED = ("ok", "error", "expired", "cancelled")  # the terminal statuses a job counts
+ENDED = ("completed", "cancelled", "expired", "failed")  # job statuses after which nothing changes
+STATUSES = ("validating", "in_progress", "cancelling", *ENDED)
+DEFAULT_WINDOW_S = 86_400  # a job's completion window: its requests expire unscored after it
+SUBMIT_STALE_S = 60.0  # a submitter silent this long before its input is done is gone (status failed)
+
+# Ends the job when its input is done and every line is answered (a job hash KEYS[job], its ids list
+# KEYS[ids], ARGV now / ttl). Shared by the store and finish-input scripts below.
+_FINISH_LUA = """
+local function finish(job, ids, now, ttl)
+  local f = redis.call('HMGET', job, 'input', 'status', 'total', 'ok', 'error', 'expired', 'cancelled', 'cancel_at')
+  if f[1] ~= 'done' or f[2] then return 0 end
+  local expired = tonumber(f[6]) or 0
+  local answered = (tonumber(f[4]) or 0) + (tonumber(f[5]) or 0) + expired + (tonumber(f[7]) or 0)
+  if answered < (tonumber(f[3]) or 0) then return 0 end
+  local status = 'completed'
+  if f[8] then status = 'cancelled' elseif expired > 0 then status = 'expired' end
+  redis.call('HSET', job, 'status', status, 'ended_at', now)
+  redis.call('EXPIRE', job, ttl)
+  redis.call('EXPIRE', ids, ttl)
+  return 1
+end
+"""
+
+# Write results of one job, write-once, and count each one written on the job (vela2.wire.results has
+# the plain form): KEYS = job hash, ids list, then result key, marker key per result; ARGV = result TTL,
+# marker TTL, now, then status (one of COUNTED, or "" for a chunk summary: not counted) and value per
+# result. Returns 1 / 0 per result. A job hash that is gone (expired) is not recreated.
+STORE_JOB_SCRIPT = _FINISH_LUA + """
+local job, ids = KEYS[1], KEYS[2]
+local live = redis.call('EXISTS', job) == 1
+local out = {}
+for i = 1, (#KEYS - 2) / 2 do
+  local rk, mk = KEYS[2 * i + 1], KEYS[2 * i + 2]
+  local status, v = ARGV[2 * i + 2], ARGV[2 * i + 3]
+  if redis.call('SET', rk, v, 'NX', 'EX', ARGV[1]) then
+    redis.call('PUBLISH', rk, v)
+    if redis.call('EXISTS', mk) == 1 then
+      redis.call('SET', mk, 'answered', 'EX', ARGV[2])
+    end
+    if live and status ~= '' then
+      redis.call('HINCRBY', job, status, 1)
+    end
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+if live then
+  finish(job, ids, ARGV[3], ARGV[1])
+end
+return out
+"""
+
+# The submitter's last step: the input is all registered (KEYS job, ids; ARGV now, result TTL). Returns
+# 1 when that ended the job (every line answered already), else 0.
+FINISH_INPUT_SCRIPT = _FINISH_LUA + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+redis.call('HSET', KEYS[1], 'input', 'done', 'beat', ARGV[1])
+return finish(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+"""
+
+# Ask a job to cancel (KEYS job; ARGV now): -1 no such job; 0 it had ended already; 1 cancel asked now
+# (or earlier). Workers answer its requests not yet started `cancelled`; the job ends `cancelled`.
+CANCEL_JOB_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('HEXISTS', KEYS[1], 'status') == 1 then return 0 end
+redis.call('HSETNX', KEYS[1], 'cancel_at', ARGV[1])
+return 1
+"""
+
+# A worker's intake check of requests (vela2.wire.results.ResultStore.admission): per request, its
+# result key and cancel marker, then its job hash when ARGV[i] is "1". Returns per request 1 (answered
+# already: a duplicate), 2 (cancelled: its marker, or its job's cancel) or 0 (run it).
+ADMIT_SCRIPT = """
+local out, k = {}, 1
+for i = 1, #ARGV do
+  local r = 0
+  if redis.call('EXISTS', KEYS[k]) == 1 then
+    r = 1
+  elseif redis.call('EXISTS', KEYS[k + 1]) == 1 then
+    r = 2
+  end
+  k = k + 2
+  if ARGV[i] == '1' then
+    if r == 0 and redis.call('HEXISTS', KEYS[k], 'cancel_at') == 1 then r = 2 end
+    k = k + 1
+  end
+  out[i] = r
+end
+return out
+"""
+ADMIT_RUN, ADMIT_ANSWERED, ADMIT_CANCELLED = 0, 1, 2
+CANCELLED_MESSAGE = "cancelled (the request, or its bulk job) before a worker started it"
+
+
+def new_job_id() -> str:
+    """A fresh job id (`batch_<32 hex>`)."""
+    return JOB_ID_PREFIX + uuid.uuid4().hex
+
+
+def request_wire_id(job: str, line: int) -> str:
+    """The id line `line` (0-based) of job `job` (scoped) travels and is stored under."""
+    return f"{job}{LINE_SEP}{line}"
+
+
+def ids_entry(kind: str, caller_id: str) -> str:
+    """One entry of a job's ids list: the line's kind and the caller's id."""
+    return kind + caller_id
+
+
+def parse_ids_entry(raw: bytes | str) -> tuple[str, str]:
+    """An ids-list entry -> (kind, caller's id)."""
+    text = raw.decode("utf-8", "surrogatepass") if isinstance(raw, bytes) else raw
+    return text[:1], text[1:]
+
+
+def _text(value: Any) -> str | None:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+
+
+def _num(value: Any) -> float | None:
+    text = _text(value)
+    return float(text) if text not in (None, "") else None
+
+
+@dataclass
+class JobInfo:
+    """A job's record as read (`read_job`), with its derived status (`job_status`)."""
+
+    id: str
+    model: str
+    status: str
+    created_at: float
+    deadline: float
+    window_s: float
+    total: int
+    counts: dict[str, int]  # queued (registered, not answered yet), ok, error, expired, cancelled
+    input_done: bool
+    ended_at: float | None = None
+    cancel_at: float | None = None
+    beat: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def answered(self) -> int:
+        """Lines with a terminal answer."""
+        return sum(self.counts[k] for k in COUNTED)
+
+    @property
+    def ended(self) -> bool:
+        """True once nothing about the job changes any more."""
+        return self.status in ENDED
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as JSON: OpenAI's batch fields (object, status, request_counts, times,
+        completion_window, metadata) plus vela2's exact counts by status."""
+        return {
+            "id": self.id,
+            "object": "batch",
+            "endpoint": "/v1/system_one",
+            "model": self.model,
+            "status": self.status,
+            "created_at": int(self.created_at),
+            "expires_at": int(self.deadline),
+            "completion_window": f"{self.window_s:g}s",
+            "ended_at": int(self.ended_at) if self.ended_at is not None else None,
+            "cancelling_at": int(self.cancel_at) if self.cancel_at is not None else None,
+            "input_done": self.input_done,
+            "request_counts": {"total": self.total, "completed": self.counts["ok"],
+                               "failed": self.counts["error"] + self.counts["expired"] + self.counts["cancelled"]},
+            "counts": dict(self.counts),
+            "metadata": self.metadata,
+        }
+
+
+def job_status(fields: dict[str, Any], now: float) -> str:
+    """THE derivation of a job's status from its hash fields (module docstring)."""
+    stored = fields.get("status")
+    if stored:
+        return str(stored)
+    if fields.get("cancel_at"):
+        return "cancelling"
+    if fields.get("input") != "done":
+        beat = _num(fields.get("beat")) or 0.0
+        return "failed" if now - beat > SUBMIT_STALE_S else "validating"
+    return "in_progress"
+
+
+JOB_FIELDS = ("id", "model", "created_at", "deadline", "window_s", "metadata", "input", "beat", "total",
+              *COUNTED, "cancel_at", "status", "ended_at")
+
+
+def parse_job(values: list[Any], now: float) -> JobInfo | None:
+    """HMGET(job_key, *JOB_FIELDS) -> JobInfo (None when the job does not exist)."""
+    f = dict(zip(JOB_FIELDS, (_text(v) for v in values), strict=True))
+    if f["id"] is None:
+        return None
+    counts = {k: int(f[k] or 0) for k in COUNTED}
+    total = int(f["total"] or 0)
+    meta = json.loads(f["metadata"]) if f["metadata"] else {}
+    return JobInfo(
+        id=str(f["id"]), model=str(f["model"]), status=job_status(f, now), created_at=float(f["created_at"] or 0),
+        deadline=float(f["deadline"] or 0), window_s=float(f["window_s"] or 0), total=total,
+        counts={"queued": max(0, total - sum(counts.values())), **counts}, input_done=f["input"] == "done",
+        ended_at=_num(f["ended_at"]), cancel_at=_num(f["cancel_at"]), beat=_num(f["beat"]), metadata=meta,
+    )
+
+
+def read_job(redis: Any, job: str, now: float) -> JobInfo | None:
+    """The record of job `job` (scoped id), one HMGET; None when there is none."""
+    return parse_job(redis.hmget(job_key(job), JOB_FIELDS), now)
+
+
+def job_keys(job: str) -> list[str]:
+    """The keys of a job's record: its hash and its ids list (the scripts' first two KEYS)."""
+    return [job_key(job), job_ids_key(job)]
+
