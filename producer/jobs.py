@@ -60,6 +60,7 @@ from vela2.wire.jobs import (
     parse_ids_entry,
     parse_job,
     request_wire_id,
+    served_counts,
 )
 from vela2.wire.keys import id_problem, job_ids_key, job_key, jobs_key, queue_name, result_key
 from vela2.wire.messages import build_message, request_id
@@ -256,10 +257,16 @@ def submit_job(
 
 
 def job_info(client: Client, job_id: str) -> JobInfo:
-    """The job's record now (one HMGET); JobNotFound when there is none (or it is another tenant's)."""
-    info = parse_job(client.redis.hmget(job_key(client.scope.wire(job_id)), JOB_FIELDS), _now())
+    """The job's record now, with the model identities that answered it (one round trip);
+    JobNotFound when there is none (or it is another tenant's)."""
+    pipe = client.redis.pipeline(transaction=False)
+    pipe.hmget(job_key(client.scope.wire(job_id)), JOB_FIELDS)
+    pipe.hgetall(job_key(client.scope.wire(job_id)))
+    values, fields = pipe.execute()
+    info = parse_job(values, _now())
     if info is None:
         raise JobNotFound(f"no job {job_id!r} (never created, another tenant's, or expired with its results)")
+    info.served = served_counts(fields)
     return info
 
 
@@ -392,9 +399,10 @@ def status_line(info: JobInfo, now: float) -> str:
     rate, eta = rate_and_eta(info, now)
     c = info.counts
     eta_text = "-" if eta is None else f"{eta:,.0f} s"
+    served = "".join(f"; ok by {who}: {n:,}" for who, n in sorted(info.served.items()))
     return (f"{info.id} {info.status}: {info.total:,} lines{'' if info.input_done else ' so far'}: queued "
             f"{c['queued']:,}, ok {c['ok']:,}, error {c['error']:,}, expired {c['expired']:,}, cancelled "
-            f"{c['cancelled']:,}; {rate:,.1f} rows/s, ETA {eta_text}")
+            f"{c['cancelled']:,}; {rate:,.1f} rows/s, ETA {eta_text}{served}")
 
 
 class _Writer:

@@ -102,6 +102,8 @@ def test_a_job_outlives_its_submitter_is_cancelled_halfway_and_reads_back_in_ord
     assert c["error"] == 1 and c["cancelled"] > 0
     # what the worker held when the cancel came finishes; nothing it takes after the cancel is scored
     assert c["ok"] - ok_at_cancel <= MAX_BUFFERED * CHUNK, (c, ok_at_cancel)
+    # the job counts which model answered its ok lines (issue 23): one identity, every ok line
+    assert list(info.served.values()) == [c["ok"]] and list(info.served)[0].startswith("vela2-demo ")
 
     out, err = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
     res = jobs_cli(redis_url, "results", job, str(out), "--errors", str(err))
@@ -154,3 +156,5 @@ def test_an_openai_batch_file_gives_openai_shaped_lines_in_input_order(redis_url
     assert status["status"] == "completed" and status["metadata"] == {"team": "x"}
     assert status["request_counts"] == {"total": 7, "completed": 6, "failed": 1}
     assert status["completion_window"] == "600s"
+    ((who, n),) = status["served_by"].items()
+    assert n == 6 and who.split()[0] == "vela2-demo" and who.split()[2] == "fp32" and len(who.split()[1]) == 12

@@ -66,7 +66,9 @@ end
 # Write results of one job, write-once, and count each one written on the job (vela2.wire.results has
 # the plain form): KEYS = job hash, ids list, then result key, marker key per result; ARGV = result TTL,
 # marker TTL, now, then status (one of COUNTED, or "" for a chunk summary: not counted) and value per
-# result. Returns 1 / 0 per result. A job hash that is gone (expired) is not recreated.
+# result. A status may carry, after a tab, the identity of the model that answered (`served_label`):
+# counted too, in the field SERVED_PREFIX + identity. Returns 1 / 0 per result. A job hash that is
+# gone (expired) is not recreated.
 STORE_JOB_SCRIPT = _FINISH_LUA + """
 local job, ids = KEYS[1], KEYS[2]
 local live = redis.call('EXISTS', job) == 1
@@ -74,6 +76,12 @@ local out = {}
 for i = 1, (#KEYS - 2) / 2 do
   local rk, mk = KEYS[2 * i + 1], KEYS[2 * i + 2]
   local status, v = ARGV[2 * i + 2], ARGV[2 * i + 3]
+  local who = ''
+  local tab = string.find(status, '\t', 1, true)
+  if tab then
+    who = string.sub(status, tab + 1)
+    status = string.sub(status, 1, tab - 1)
+  end
   if redis.call('SET', rk, v, 'NX', 'EX', ARGV[1]) then
     redis.call('PUBLISH', rk, v)
     if redis.call('EXISTS', mk) == 1 then
@@ -81,6 +89,9 @@ for i = 1, (#KEYS - 2) / 2 do
     end
     if live and status ~= '' then
       redis.call('HINCRBY', job, status, 1)
+      if who ~= '' then
+        redis.call('HINCRBY', job, 'served:' .. who, 1)
+      end
     end
     out[i] = 1
   else
@@ -182,6 +193,7 @@ class JobInfo:
     cancel_at: float | None = None
     beat: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    served: dict[str, int] = field(default_factory=dict)  # identity (served_label) -> ok answers it gave
 
     @property
     def answered(self) -> int:
@@ -211,6 +223,7 @@ class JobInfo:
             "request_counts": {"total": self.total, "completed": self.counts["ok"],
                                "failed": self.counts["error"] + self.counts["expired"] + self.counts["cancelled"]},
             "counts": dict(self.counts),
+            "served_by": dict(self.served),
             "metadata": self.metadata,
         }
 
@@ -251,6 +264,27 @@ def parse_job(values: list[Any], now: float) -> JobInfo | None:
 def read_job(redis: Any, job: str, now: float) -> JobInfo | None:
     """The record of job `job` (scoped id), one HMGET; None when there is none."""
     return parse_job(redis.hmget(job_key(job), JOB_FIELDS), now)
+
+
+SERVED_PREFIX = "served:"  # job hash fields counting the ok answers of each model identity
+
+
+def served_label(served_by: Any) -> str:
+    """The identity a job counts an answer under: "<name> <digest, 12 digits> <precision>" of a
+    result's `served_by`, or "" when it has none."""
+    if not isinstance(served_by, dict) or not served_by.get("name"):
+        return ""
+    return f"{served_by['name']} {str(served_by.get('digest') or '-')[:12]} {served_by.get('precision', '?')}"
+
+
+def served_counts(fields: dict[Any, Any]) -> dict[str, int]:
+    """{identity: ok answers} from a job hash's fields (HGETALL)."""
+    out = {}
+    for k, v in fields.items():
+        key = k.decode() if isinstance(k, bytes) else str(k)
+        if key.startswith(SERVED_PREFIX):
+            out[key[len(SERVED_PREFIX):]] = int(v)
+    return out
 
 
 def job_keys(job: str) -> list[str]:

@@ -38,7 +38,7 @@ import redis
 
 from vela2 import errors
 from vela2.schemas import RowResult, Status
-from vela2.wire.jobs import ADMIT_SCRIPT, STORE_JOB_SCRIPT, job_keys
+from vela2.wire.jobs import ADMIT_SCRIPT, STORE_JOB_SCRIPT, job_keys, served_label
 from vela2.wire.keys import cancel_key, job_key, result_key, submitted_key
 
 log = logging.getLogger(__name__)
@@ -246,6 +246,9 @@ class ResultStore:
                 continue
             row = meta.get("vela2")
             status = str(row.get("status", "")) if isinstance(row, dict) else ""  # a chunk summary: not counted
+            if jobs and jobs[i] and status == "ok" and isinstance(row, dict):  # which model answered (vela2.wire.jobs)
+                who = served_label(row.get("served_by"))
+                status = f"{status}\t{who}" if who else status
             groups.setdefault(jobs[i] if jobs else None, []).append((i, keys, encode_meta(meta), status))
         stamp = str(datetime.now(UTC).timestamp() if now is None else now)
         parts = [(job, g[k : k + _MANY_MAX]) for job, g in groups.items() for k in range(0, len(g), _MANY_MAX)]
