@@ -206,6 +206,7 @@ class Batch(BaseModel):
     input_done: bool
     request_counts: BatchCounts
     counts: dict[str, int]
+    served_by: dict[str, int]  # "<model> <digest, 12 digits> <precision>" -> ok lines it answered
     metadata: dict[str, Any]
 
 
