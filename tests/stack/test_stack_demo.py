@@ -32,7 +32,7 @@ def test_demo_runs_on_fakeredis_when_redis_server_is_missing(demo_dir, monkeypat
     out = capsys.readouterr().out
     assert "fakeredis TcpFakeServer" in out and "demo OK" in out
     assert "the model: a 2-layer demo scorer trained on synthetic customer messages" in out  # says what it knows
-    assert "text 'Hi, my name is Maria Lopez from Globex. Where is my package, it has no...'; " \
+    assert "text 'Hi, my name is Maria Lopez from Globex. Where is my package, it has...'; " \
            "asked: What does the customer want?" in out
     for rid in (
         "demo-choice",

@@ -13,7 +13,15 @@ import vela2
 from vela2 import demo
 from vela2.checkpoint import WEIGHTS
 from vela2.cli import main
-from vela2.demo import DEMO_NAME, DESCRIPTION, DESCRIPTION_FILE, HELD_OUT_SEED, SAMPLE_EXPECTED, sample_rows
+from vela2.demo import (
+    DEMO_NAME,
+    DESCRIPTION,
+    DESCRIPTION_FILE,
+    HELD_OUT_ROWS,
+    HELD_OUT_SEED,
+    SAMPLE_EXPECTED,
+    sample_rows,
+)
 from vela2.evaluation import eval_report
 from vela2.synthetic import labelled_rows
 
@@ -52,8 +60,8 @@ def test_init_demo_is_deterministic(tmp_path, capsys, monkeypatch):
 
 @pytest.fixture(scope="module")
 def held_out_report(demo_model):
-    """`vela2 eval`'s report of the demo checkpoint on held-out rows (a seed of their own)."""
-    return eval_report(demo_model, labelled_rows(300, seed=HELD_OUT_SEED), precision="fp32")
+    """`vela2 eval`'s report of the demo checkpoint on the README's held-out rows (a seed of their own)."""
+    return eval_report(demo_model, labelled_rows(HELD_OUT_ROWS, seed=HELD_OUT_SEED), precision="fp32")
 
 
 @pytest.mark.parametrize("label", sorted(MIN_SPAN_F1))
