@@ -27,42 +27,48 @@ ANSWER_TIMEOUT_S = 120.0
 
 
 def sample_requests(model_name: str) -> tuple[list[dict], dict, list[dict]]:
-    """(online requests, a bad row, a bulk chunk of rows): every request type the product takes."""
+    """(online requests, a bad row, a bulk chunk of rows): every request type the product takes, over
+    customer messages like the ones the demo model was trained on."""
     from vela2.demo import sample_rows
+    from vela2.synthetic import QUESTIONS, SPAN_LABELS
 
     rows = sample_rows()
     long_choice = {
         "id": "demo-long-choice",
-        "task": "choice:oasst1",
+        "task": "choice:sentiment",
         "text": rows[-1]["text"],
-        "questions": [{"question": "Is the customer satisfied?", "options": ["yes", "no"]}],
+        "questions": [QUESTIONS["choice:sentiment"]],
     }
+
+    def task(name: str, kind: str, **kw: Any) -> dict[str, Any]:
+        return {"name": name, "kind": kind, **kw}
+
+    # The demo model learnt its questions' own texts, so the SystemOne request asks them (the open-label
+    # kinds, classify and extract, always take a default question text it never saw).
     system_one = {
         "model": model_name,
         "id": "demo-systemone",
-        "input": {
-            "user": "Hi, I am Carol Diaz, my email is carol@initech.com. Where is my refund?",
-            "assistant": "Sorry Carol, the refund for order 4471 was sent on Monday.",
-        },
+        "input": ("Hi, my name is Carol Evans from Globex. I would like a refund for my last order. My bank card was "
+                  "charged twice for the invoice. I really love the service, well done. Write to "
+                  "carol.evans4@example.com or call +1-555-310-2288."),
         "tasks": [
-            {
-                "name": "intent",
-                "kind": "choice",
-                "question": "What does the user want?",
-                "options": ["refund", "delivery", "other"],
-            },
-            {"name": "quality", "kind": "score", "options": ["1", "2", "3", "4", "5"]},
-            {"name": "policy", "kind": "set", "options": ["violence", "self-harm", "privacy"]},
-            {"name": "pii", "kind": "span", "labels": ["person", "email"], "fields": ["user"]},
-            {"name": "topic", "kind": "classify", "labels": ["finance", "sports", "support"]},
-            {"name": "ents", "kind": "extract", "labels": ["company"]},
+            task("intent", "choice", **QUESTIONS["choice:intent"]),
+            task("satisfaction", "score", **QUESTIONS["score:satisfaction"]),
+            task("toxicity", "set", **QUESTIONS["set:toxicity"]),
+            task("topic", "choice", **QUESTIONS["choice:topic"]),
+            task("pii", "span", labels=SPAN_LABELS),
         ],
     }
-    bad = {"id": "demo-bad", "task": "choice:boolq", "text": "No options here.", "questions": [{"options": ["yes"]}]}
-    chunk = [
-        {"id": f"demo-bulk-{i}", "task": "choice:boolq", "text": text, "questions": [{"options": ["yes", "no"]}]}
-        for i, text in enumerate(["The refund was sent.", "Nobody answered the phone.", "The team won the game."])
+    bad = {"id": "demo-bad", "task": "choice:sentiment", "text": "No options here.",
+           "questions": [{"options": ["yes"]}]}
+    bulk_texts = [  # short messages (positive, negative, neutral)
+        "Hello, this is Emma Brown at Wonka. When will my order be delivered? I really love the service, well done.",
+        "My password does not work any more. Your support is awful and slow.",
+        "Dear team, I am Rosa Hill from Duff. Please cancel my subscription from next month. Here are the details "
+        "of the case.",
     ]
+    chunk = [{"id": f"demo-bulk-{i}", "task": "choice:sentiment", "text": text,
+              "questions": [QUESTIONS["choice:sentiment"]]} for i, text in enumerate(bulk_texts)]
     return [*rows, long_choice, system_one], bad, chunk
 
 

@@ -111,7 +111,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from vela2.training import TrainOptions, train_command
 
-    given = {k: getattr(args, k) for k in ("epochs", "lr", "max_batch_tokens", "seed", "span_pos_weight")}
+    given = {k: getattr(args, k) for k in ("epochs", "lr", "max_batch_tokens", "seed", "span_pos_weight",
+                                           "lr_schedule")}
     options = TrainOptions(full=args.full, precision=args.precision or default_precision(args.device),
                            save_every=args.save_every, **{k: v for k, v in given.items() if v is not None})
     return train_command(args.checkpoint, args.train, args.out, dev_path=args.dev, options=options,
@@ -175,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     # None: TrainOptions' default (vela2.training), so that --help does not import torch
     s.add_argument("--epochs", type=int, default=None, help="passes over TRAIN (default 3)")
     s.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 1e-3)")
+    s.add_argument("--lr-schedule", choices=("constant", "linear"), default=None,
+                   help="constant (default), or linear: warm-up over the first 5%% of steps, then decay to 0")
     s.add_argument("--max-batch-tokens", type=int, default=None,
                    help="padded tokens per step: longest sequence x sequences (default 4096)")
     s.add_argument("--device", default="cpu")

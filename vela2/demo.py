@@ -1,30 +1,38 @@
-"""The demo checkpoint: a small Qwen2-layout scorer with seeded random weights and a tokenizer
-trained offline on generated text. `vela2 init-demo DIR` writes it; everything runs on a fresh
-machine with no download. Its heads are scaled so that outputs are spread out (option logits with
-std >= 1, a share of span units above 0.5) and every decode path is exercised.
-The checkpoint carries a one-line `description.txt` saying what it is (`vela2 demo` prints it):
-its answers mean nothing.
+"""The demo checkpoint: a small Qwen2-layout scorer trained on synthetic customer messages, with a
+tokenizer counted offline on generated text. `vela2 init-demo DIR` builds it: seeded random
+weights (`untrained_demo_model`), then `vela2 train`'s own code path (`vela2.training`) on rows of
+`vela2.synthetic` (`RECIPE`), the calibration fitted on a dev split; everything runs on a fresh
+machine with no download, deterministically (one CPU thread, seeded weights, rows and batch order).
+The checkpoint carries a one-line `description.txt` saying what it is and what it does not know
+(`vela2 demo` prints it).
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from vela2.calibration import Calibration, PiiRules
+from vela2.checkpoint import release_state_dict
 from vela2.config import HeadsConfig, SpecialTokens, Vela2Config
 from vela2.modeling import Vela2Model
 
+logger = logging.getLogger(__name__)
+
 DEMO_NAME = "vela2-demo"
 SEED = 20261129
+TOKENIZER_SEED = 7  # the synthetic messages the tokenizer's vocabulary is counted on
 DESCRIPTION_FILE = "description.txt"  # one line: what the model is (printed by `vela2 demo`)
-RANDOM_DESCRIPTION = ("a 2-layer demo scorer with seeded RANDOM weights: its answers exercise every code path "
-                      "and mean nothing (a model of your own: README, \"Using a real model\")")
+DESCRIPTION = ("a 2-layer demo scorer trained on synthetic customer messages: it knows e-mails, phone numbers, "
+               "names and companies, intents, sentiments, satisfaction, topics, insults and threats, and nothing else "
+               "(a model of your own: README, \"Using a real model\")")
 
 _WORDS = """the of and to in is was for on that with as by at from it be this are or an have not
 which but were his her they their has had been one all we there can more when who will would
@@ -64,22 +72,30 @@ def corpus(n_sentences: int = 4000, seed: int = SEED) -> list[str]:
 
 
 def demo_tokenizer(vocab_size: int = 3000) -> Tokenizer:
-    """A WordPiece tokenizer over a vocabulary counted from `corpus()` in plain Python (the
-    `tokenizers` trainer breaks ties differently from run to run, so it is not used): special tokens
-    (ids 0..7), printable ASCII characters and their `##` continuations, then the most frequent
-    lower-cased words, ties broken alphabetically. Unknown characters become [UNK].
+    """A WordPiece tokenizer over a vocabulary counted in plain Python (the `tokenizers` trainer
+    breaks ties differently from run to run, so it is not used) on `corpus()` and on synthetic
+    customer messages (`vela2.synthetic.texts`, a seed of its own), so that the words, names,
+    companies and e-mail domains of the demo's training data are whole tokens: special tokens (ids
+    0..7), printable ASCII characters and their `##` continuations, then the lower-cased words seen
+    at least twice, most frequent first (ties alphabetically), each also as a `##` continuation
+    (an e-mail's local part, "carollewis55", splits into carol ##lewis ##5 ##5).
+    Unknown characters become [UNK].
     """
+    from vela2.synthetic import texts  # local: vela2.synthetic is plain Python, the demo only uses it here
+
     special = SpecialTokens().all()
     chars = [chr(c) for c in range(33, 127)]
     vocab = [*special, *chars, *[f"##{c}" for c in chars]]
     counts: dict[str, int] = {}
     pre = pre_tokenizers.BertPreTokenizer()
-    for line in corpus():
+    for line in corpus() + texts(2000, seed=TOKENIZER_SEED):
         for word, _ in pre.pre_tokenize_str(line.lower()):
             if len(word) > 1:
                 counts[word] = counts.get(word, 0) + 1
-    words = sorted(counts, key=lambda w: (-counts[w], w))[: max(0, vocab_size - len(vocab))]
-    vocab.extend(words)
+    frequent = sorted((w for w, c in counts.items() if c >= 2), key=lambda w: (-counts[w], w))
+    room = max(0, vocab_size - len(vocab))
+    words = frequent[: room // 2]
+    vocab.extend([*words, *[f"##{w}" for w in words]])
     tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token=SpecialTokens().unk,
                                      max_input_chars_per_word=100))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True, clean_text=True)
@@ -94,8 +110,8 @@ def demo_config(name: str = DEMO_NAME, vocab_size: int = 3000, **backbone: objec
     base: dict[str, Any] = {  # a transformers config dict (Vela2Config.backbone)
         "model_type": "qwen2",
         "vocab_size": vocab_size,
-        "hidden_size": 64,
-        "intermediate_size": 128,
+        "hidden_size": 128,
+        "intermediate_size": 256,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -118,95 +134,119 @@ def demo_calibration() -> Calibration:
     )
 
 
+# Messages of the kind the demo model was trained on (vela2.synthetic's templates and slots), and
+# what each sample row's answer should be: tests check the trained model gets them right.
+_DELIVERY = ("Hi, my name is Maria Lopez from Globex. Where is my package, it has not arrived yet. The app crashes "
+             "on my laptop after the update. Your support is awful and slow. You can reach me at "
+             "maria.lopez12@example.com or call +1-555-201-7788.")
+_REFUND = ("Hello, this is Chen Garcia at Initech. I would like a refund for my last order. My bank card was charged "
+           "twice for the invoice. Thanks a lot, your team was great. Write to chen_garcia7@mail.test or phone "
+           "(415) 555-0142.")
+_ANGRY = ("Dear team, I am Tara King working for Hooli. Cancel the membership, I no longer need it. The pizza and the "
+          "salad arrived cold. This is terrible and I am very angry. You are all useless idiots. Fix it or I will "
+          "come to your office and hurt you. Contact: taraking3@inbox.example.org, tel. +44 20 7946 5321 today.")
+SAMPLE_EXPECTED: dict[str, Any] = {  # row id -> the decision of each question, in order
+    "demo-choice": ["delivery"],
+    "demo-score": ["4"],
+    "demo-set": [["insult", "threat"]],
+    "demo-pii": [{"person": ["Chen Garcia"], "company": ["Initech"], "email": ["chen_garcia7@mail.test"],
+                  "phone": ["(415) 555-0142"]}],
+    "demo-bundle": ["negative", "food", {"person": ["Tara King"], "company": ["Hooli"],
+                                         "email": ["taraking3@inbox.example.org"], "phone": ["+44 20 7946 5321"]}],
+}
+
+
 def sample_rows() -> list[dict]:
-    """A few rows of every type (used by the demo and the README)."""
-    text = ("Alice Smith from Acme wrote to bob@globex.com on Monday. She asked whether the refund "
-            "for order 4471 was sent, and said the support team was very helpful.")
+    """A few rows of every type over customer messages like the training data's (the demo and the README
+    use them; `SAMPLE_EXPECTED` says what the answers should be)."""
+    from vela2.synthetic import QUESTIONS
+
     return [
-        {"id": "demo-choice", "task": "choice:boolq", "text": "The sky is green over the city today.",
-         "questions": [{"question": "Is the sky green?", "options": ["yes", "no"]}]},
-        {"id": "demo-score", "task": "score:helpsteer2", "text": text,
-         "questions": [{"question": "How helpful is the reply?", "options": ["0", "1", "2", "3", "4"]}]},
-        {"id": "demo-set", "task": "set:shield", "text": "I will find where you live and hurt you.",
-         "questions": [{"options": ["violence", "self-harm", "hate", "privacy"]}]},
-        {"id": "demo-pii", "task": "span:pii_dev", "text": text,
-         "questions": [{"labels": ["person", "email", "company", "phone"]}]},
-        {"id": "demo-bundle", "task": "choice:oasst1", "text": text,
-         "questions": [{"question": "Is the tone polite?", "options": ["yes", "no"]},
-                       {"question": "What is the topic?", "options": ["finance", "sports", "support"]},
-                       {"task": "span:ents", "labels": ["person", "company"]}]},
-        {"id": "demo-long", "task": "span:pii_longdev", "text": " ".join([text] * 40),
-         "questions": [{"labels": ["person", "email"]}]},
+        {"id": "demo-choice", "task": "choice:intent", "text": _DELIVERY, "questions": [QUESTIONS["choice:intent"]]},
+        {"id": "demo-score", "task": "score:satisfaction", "text": _REFUND,
+         "questions": [QUESTIONS["score:satisfaction"]]},
+        {"id": "demo-set", "task": "set:toxicity", "text": _ANGRY, "questions": [QUESTIONS["set:toxicity"]]},
+        {"id": "demo-pii", "task": "span:pii", "text": _REFUND, "questions": [QUESTIONS["span:pii"]]},
+        {"id": "demo-bundle", "task": "choice:sentiment", "text": _ANGRY,
+         "questions": [QUESTIONS["choice:sentiment"], dict(QUESTIONS["choice:topic"], task="choice:topic"),
+                       dict(QUESTIONS["span:pii"], task="span:pii")]},
+        {"id": "demo-long", "task": "span:pii", "text": " ".join([_REFUND] * 40),
+         "questions": [QUESTIONS["span:pii"]]},
     ]
 
 
-def build_demo_model() -> Vela2Model:
-    """The demo model in memory: seeded weights, heads rescaled for spread-out outputs."""
+def untrained_demo_model() -> Vela2Model:
+    """The demo model before training: seeded random weights, backbone matmul weights rounded to
+    bf16 (as a checkpoint stores them). Tests of `vela2 train` start from it."""
     tok = demo_tokenizer()
-    model = Vela2Model.random(demo_config(vocab_size=tok.get_vocab_size()), tok, demo_calibration(), seed=SEED)
-    # Round backbone matmul weights to bf16 now, so the in-memory model equals the stored release.
+    # initializer_range 0.1 (transformers' default: 0.02): with tiny weights a small model trained from
+    # scratch sits for hundreds of steps on a plateau where every option of a question scores the same
+    config = demo_config(vocab_size=tok.get_vocab_size(), initializer_range=0.1)
+    model = Vela2Model.random(config, tok, demo_calibration(), seed=SEED)
     with torch.no_grad():
-        for mod in model.backbone.modules():
-            if isinstance(mod, torch.nn.Linear):
-                mod.weight.copy_(mod.weight.to(torch.bfloat16).float())
-    _spread_heads(model)
+        model.load_state_dict(release_state_dict(model))
     return model
 
 
-def _spread_heads(model: Vela2Model) -> None:
-    """Point and scale the heads on sample text so every decode path has work to do.
+@dataclass(frozen=True)
+class DemoRecipe:
+    """How the demo is trained: synthetic rows (`vela2.synthetic.labelled_rows`) and `vela2 train` options."""
 
-    A random backbone's marker states are dominated by the marker token itself, so a random option
-    head gives nearly equal logits to all options of a question. The demo head instead reads the
-    direction in which options of one question differ most (top principal component of the
-    within-question deviations of the head's hidden features), scaled to std 2, with [ABS] and set
-    options landing near the decision boundary. Span head: std 2.5, ~15% of word units above 0.5.
-    """
-    from vela2.pipeline import collate, prepare
-    from vela2.reference import predict  # local: it imports the model stack
-
-    preps = [prepare(model, dict(r, logits=True, units=True)) for r in sample_rows()]
-    seqs = [s for p in preps for s in p.sequences]
-    ids, pos, parts, segs, idx, layout = collate(seqs, model.special_ids["pad"], model.device)
-    with torch.no_grad():
-        hidden = model.encode(ids, pos, parts, segs, "fp32")
-        feats = torch.nn.functional.gelu(model.option_head.dense(hidden[idx.option_index[:, 0],
-                                                                         idx.option_index[:, 1]]))
-        deviations = []
-        for seq, seq_opts in zip(seqs, layout.options, strict=True):
-            kinds = {blk.question: blk.task.split(":")[0] for blk in seq.blocks}
-            for q, sl in seq_opts:
-                f = feats[sl][:-1] if kinds[q] in ("choice", "score") else feats[sl]  # without [ABS]
-                deviations.append(f - f.mean(0))
-        dev = torch.cat(deviations).double()
-        direction = torch.linalg.svd(dev, full_matrices=False).Vh[0]  # (D,)
-        direction = direction / (dev @ direction).std()
-        out = model.option_head.out
-        out.weight.copy_((2.0 * direction).float()[None])
-        out.bias.zero_()
-        out.bias.fill_(round(-float(out(feats).mean()), 4))
-    res = predict(model, [p.row for p in preps], precision="fp32")
-    span_logits: list[np.ndarray] = []
-    for r in res:
-        assert r.answers is not None, r.error  # the sample rows are valid, so every row is answered
-        for a in r.answers:
-            if a.units:
-                assert a.units.logits is not None  # the rows asked for logits=True
-                span_logits.extend(np.array(v) for v in a.units.logits.values())
-    span = np.concatenate(span_logits)
-    with torch.no_grad():
-        k = round(2.5 / float(span.std()), 4)
-        model.span_head.word.weight.mul_(k)
-        model.span_head.word.bias.mul_(k)
-        shifted = (span - model.span_head.bias.item()) * k
-        model.span_head.bias.fill_(round(-float(np.quantile(shifted, 0.85)), 4))
+    n_train: int = 1200  # training rows, every one bundled (all six questions over one text)
+    train_seed: int = 1001
+    n_dev: int = 300  # rows the calibration is fitted on
+    dev_seed: int = 1002
+    epochs: int = 5
+    lr: float = 3e-3  # in trial runs 5e-3 left intent and topic at chance
+    max_batch_tokens: int = 2048  # ~10 bundled rows a step: ~600 steps in all
+    lr_schedule: str = "linear"  # trial runs at a constant 2e-3..5e-3 left every choice question at chance
+    seed: int = 0  # batch order
 
 
-def init_demo(path: str | Path) -> Path:
-    """Write the demo checkpoint to `path` (deterministic), with its DESCRIPTION_FILE; returns the path."""
+RECIPE = DemoRecipe()
+HELD_OUT_SEED = 1003  # the README's table and the tests evaluate on HELD_OUT_ROWS rows of this seed
+HELD_OUT_ROWS = 600
+
+
+def build_demo_model(recipe: DemoRecipe | None = None) -> tuple[Vela2Model, dict[str, Any]]:
+    """The demo model in memory, trained: `untrained_demo_model()`, then `vela2 train --full`'s code
+    path on synthetic rows (`vela2.training.labelled_examples` and `train`, then the calibration
+    fitted on a dev split by `vela2.training.finish`). Returns (model, {"epoch_losses", "train_s"}).
+    Deterministic on one machine: seeded weights, seeded rows and batch order, CPU."""
+    from vela2.synthetic import labelled_rows
+    from vela2.training import TrainOptions, finish, labelled_examples, train
+
+    recipe = recipe or RECIPE
+    model = untrained_demo_model()
+    examples, skipped = labelled_examples(model, labelled_rows(recipe.n_train, recipe.train_seed, bundled_share=1.0))
+    if skipped:  # generated rows are valid: a skip is a bug in vela2.synthetic
+        raise ValueError(f"synthetic training rows were skipped: {skipped[:3]}")
+    options = TrainOptions(epochs=recipe.epochs, lr=recipe.lr, full=True, max_batch_tokens=recipe.max_batch_tokens,
+                           lr_schedule=recipe.lr_schedule, seed=recipe.seed, progress=False)
+    # One CPU thread: the sums of a matmul then add up in one order whatever the machine's core count
+    # (same seed, same weights), and a busy shared machine does not stall two threads that wait on
+    # each other (on 2 loaded cores two threads took several times as long as one).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0 = time.perf_counter()
+        losses = train(model, examples, options)
+        train_s = time.perf_counter() - t0
+        finish(model, labelled_rows(recipe.n_dev, recipe.dev_seed), precision="fp32")
+    finally:
+        torch.set_num_threads(threads)
+    return model, {"epoch_losses": losses, "train_s": train_s}
+
+
+def init_demo(path: str | Path, recipe: DemoRecipe | None = None) -> Path:
+    """Train the demo model (`build_demo_model`, `RECIPE` unless given) and write its checkpoint to
+    `path` (deterministic), with its DESCRIPTION_FILE; returns the path."""
     from vela2.checkpoint import save
 
     path = Path(path)
-    save(build_demo_model(), path)
-    (path / DESCRIPTION_FILE).write_text(RANDOM_DESCRIPTION + "\n")
+    model, info = build_demo_model(recipe or RECIPE)
+    logger.info("demo model trained in %.1f s; epoch losses %s", info["train_s"],
+                ", ".join(f"{x:.4f}" for x in info["epoch_losses"]))
+    save(model, path)
+    (path / DESCRIPTION_FILE).write_text(DESCRIPTION + "\n")
     return path

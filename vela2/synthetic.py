@@ -1,8 +1,10 @@
 """Synthetic labelled rows from templates: the demo model's training and held-out data.
 
 Each text is a customer message assembled from slots (a person, a company, an e-mail address, a
-phone number) and sentences that carry an intent, a sentiment and a topic; the rows carry `gold`
-in `vela2 calibrate`'s format (character-exact spans, one option per choice question). A seed
+phone number; a share of short messages have no contact line) and sentences that carry an intent,
+a sentiment (with a 1-5 satisfaction score of its own), a topic and, in some angry messages, an
+insult or a threat; the rows carry `gold` in `vela2 calibrate`'s format (character-exact spans, one
+option per choice / score question, the list of options present for the set question). A seed
 fixes everything, so two seeds give disjoint-enough train and held-out sets.
 """
 
@@ -29,14 +31,22 @@ INTENTS = {
     "cancel": ["Please cancel my subscription from next month.", "I want to stop the plan and close the account.",
                "Cancel the membership, I no longer need it."],
 }
+# sentence -> the satisfaction score (1-5) it expresses
 SENTIMENTS = {
-    "positive": ["Thanks a lot, your team was great.", "I really love the service, well done.",
-                 "Everything else was excellent, thank you."],
-    "negative": ["This is terrible and I am very angry.", "Your support is awful and slow.",
-                 "I am disappointed, this is the worst experience."],
-    "neutral": ["I am writing about this today.", "Here are the details of the case.",
-                "Let me know what you need from me."],
+    "positive": {"Thanks a lot, your team was great.": "4", "I really love the service, well done.": "5",
+                 "Everything else was excellent, thank you.": "5"},
+    "negative": {"This is terrible and I am very angry.": "1", "Your support is awful and slow.": "2",
+                 "I am disappointed, this is the worst experience.": "1"},
+    "neutral": {"I am writing about this today.": "3", "Here are the details of the case.": "3",
+                "Let me know what you need from me.": "3"},
 }
+SCORES = ["1", "2", "3", "4", "5"]
+TOXICITY = {  # only in negative messages, each with probability TOXIC_SHARE
+    "insult": ["You are all useless idiots.", "What a bunch of clowns you are."],
+    "threat": ["Fix it or I will come to your office and hurt you.", "I know where you live, so watch out."],
+}
+TOXIC_SHARE = 0.5
+SHORT_SHARE = 0.3  # messages without the contact line (and half of them without the greeting)
 TOPICS = {
     "finance": "My bank card was charged twice for the invoice.",
     "technology": "The app crashes on my laptop after the update.",
@@ -44,6 +54,14 @@ TOPICS = {
     "food": "The pizza and the salad arrived cold.",
 }
 SPAN_LABELS = ["person", "email", "phone", "company"]
+QUESTIONS: dict[str, dict[str, Any]] = {  # task -> the question as rows ask it
+    "span:pii": {"labels": SPAN_LABELS},
+    "choice:intent": {"question": "What does the customer want?", "options": list(INTENTS)},
+    "choice:sentiment": {"question": "What is the sentiment?", "options": list(SENTIMENTS)},
+    "choice:topic": {"question": "What is the topic?", "options": list(TOPICS)},
+    "score:satisfaction": {"question": "How satisfied is the customer?", "options": SCORES},
+    "set:toxicity": {"question": "Is the message toxic?", "options": list(TOXICITY)},
+}
 
 
 class _Text:
@@ -59,7 +77,7 @@ class _Text:
         self.text += piece
 
 
-def _message(rng: random.Random) -> tuple[_Text, dict[str, str]]:
+def _message(rng: random.Random) -> tuple[_Text, dict[str, Any]]:
     first, last, company = rng.choice(FIRST), rng.choice(LAST), rng.choice(COMPANIES)
     intent, sentiment, topic = rng.choice(list(INTENTS)), rng.choice(list(SENTIMENTS)), rng.choice(list(TOPICS))
     email = f"{first.lower()}{rng.choice(['.', '_', ''])}{last.lower()}{rng.randint(1, 99)}@{rng.choice(DOMAINS)}"
@@ -68,7 +86,10 @@ def _message(rng: random.Random) -> tuple[_Text, dict[str, str]]:
                         f"+44 20 {rng.randint(1000, 9999)} {rng.randint(1000, 9999)}"])
     t = _Text()
     person = f"{first} {last}" if rng.random() < 0.7 else first
-    order = [0, 1, 2]
+    mood = rng.choice(list(SENTIMENTS[sentiment]))
+    toxic = [k for k in TOXICITY if sentiment == "negative" and rng.random() < TOXIC_SHARE]
+    short = rng.random() < SHORT_SHARE
+    order = [0, 1, 2] if not short or rng.random() < 0.5 else [1, 2]
     rng.shuffle(order)
     for k in order:
         if k == 0:
@@ -80,38 +101,41 @@ def _message(rng: random.Random) -> tuple[_Text, dict[str, str]]:
         elif k == 1:
             t.add(rng.choice(INTENTS[intent]) + " " + TOPICS[topic] + " ")
         else:
-            t.add(rng.choice(SENTIMENTS[sentiment]) + " ")
-    t.add(rng.choice(["You can reach me at ", "Write to ", "Contact: "]))
-    t.add(email, "email")
-    t.add(rng.choice([" or call ", " or phone ", ", tel. "]))
-    t.add(phone, "phone")
-    t.add(rng.choice([".", " today.", ", thanks."]))
-    return t, {"intent": intent, "sentiment": sentiment, "topic": topic}
+            t.add(mood + " " + "".join(rng.choice(TOXICITY[kind]) + " " for kind in toxic))
+    if short:
+        t.text = t.text.rstrip()
+    else:
+        t.add(rng.choice(["You can reach me at ", "Write to ", "Contact: "]))
+        t.add(email, "email")
+        t.add(rng.choice([" or call ", " or phone ", ", tel. "]))
+        t.add(phone, "phone")
+        t.add(rng.choice([".", " today.", ", thanks."]))
+    return t, {"choice:intent": intent, "choice:sentiment": sentiment, "choice:topic": topic,
+               "score:satisfaction": SENTIMENTS[sentiment][mood], "set:toxicity": toxic}
 
 
 def labelled_rows(n: int, seed: int, bundled_share: float = 0.25) -> list[dict[str, Any]]:
     """`n` labelled rows: span:pii (person / email / phone / company), choice:intent,
-    choice:sentiment and choice:topic rows in turn, and a `bundled_share` of bundled rows asking all
-    four over one text."""
+    choice:sentiment, choice:topic, score:satisfaction and set:toxicity rows in turn, and a
+    `bundled_share` of bundled rows asking all six over one text."""
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     for i in range(n):
         t, cls = _message(rng)
-        questions: dict[str, tuple[dict[str, Any], Any]] = {
-            "span:pii": ({"labels": SPAN_LABELS}, t.spans),
-            "choice:intent": ({"question": "What does the customer want?", "options": list(INTENTS)}, cls["intent"]),
-            "choice:sentiment": ({"question": "What is the sentiment?", "options": list(SENTIMENTS)},
-                                 cls["sentiment"]),
-            "choice:topic": ({"question": "What is the topic?", "options": list(TOPICS)}, cls["topic"]),
-        }
+        golds = {"span:pii": t.spans, **cls}
         rid = f"syn-{seed}-{i}"
         if rng.random() < bundled_share:
-            tasks = list(questions)
-            rows.append({"id": rid, "task": tasks[0], "text": t.text,
-                         "questions": [dict(questions[k][0], task=k) for k in tasks],
-                         "gold": [questions[k][1] for k in tasks]})
+            rows.append({"id": rid, "task": "span:pii", "text": t.text,
+                         "questions": [dict(q, task=k) for k, q in QUESTIONS.items()],
+                         "gold": [golds[k] for k in QUESTIONS]})
         else:
-            task = list(questions)[i % len(questions)]
-            q, gold = questions[task]
-            rows.append({"id": rid, "task": task, "text": t.text, "questions": [q], "gold": gold})
+            task = list(QUESTIONS)[i % len(QUESTIONS)]
+            rows.append({"id": rid, "task": task, "text": t.text, "questions": [dict(QUESTIONS[task])],
+                         "gold": golds[task]})
     return rows
+
+
+def texts(n: int, seed: int) -> list[str]:
+    """`n` message texts alone (the demo tokenizer's vocabulary is counted on them)."""
+    rng = random.Random(seed)
+    return [_message(rng)[0].text for _ in range(n)]

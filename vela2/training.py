@@ -14,8 +14,10 @@ Losses, summed over the labelled questions of a batch and divided by their count
   out), with positive units weighted by `span_pos_weight` (gold words are rare).
 A long row trains once per window (option losses per window, span losses on the window's words).
 
-At the end the calibration is fitted on DEV (`vela2.fitting.calibrate`) and a servable checkpoint
-is written with `vela2.checkpoint.save`. `--save-every N` writes `OUT/train-state.pt` (trained
+At the end (`finish`) the backbone's matmul weights are rounded to the bf16 a checkpoint stores, the
+calibration is fitted on DEV (`vela2.fitting.calibrate`) on those weights, and a servable checkpoint
+is written with `vela2.checkpoint.save`. `vela2 init-demo` trains the demo model with these same
+functions (`vela2.demo.build_demo_model`). `--save-every N` writes `OUT/train-state.pt` (trained
 parameters, optimizer, step); `--resume` continues from it with the same batch order.
 """
 
@@ -178,6 +180,23 @@ def trainable_parameters(model: Vela2Model, full: bool) -> dict[str, torch.nn.Pa
     return out
 
 
+LR_SCHEDULES = ("constant", "linear")
+
+
+def lr_factor(step: int, total_steps: int, schedule: str) -> float:
+    """The multiplier of the learning rate at `step` (1-based) of `total_steps`: 1 for "constant"; for
+    "linear" a warm-up from 0 over the first 5% of the steps, then a linear decay towards 0. A
+    function of the step alone, so a resumed run takes the same rates."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr schedule must be one of {', '.join(LR_SCHEDULES)}; got {schedule!r}")
+    if schedule == "constant":
+        return 1.0
+    warmup = max(1, total_steps // 20)
+    if step <= warmup:
+        return step / warmup
+    return (total_steps - step + 1) / (total_steps - warmup + 1)
+
+
 @dataclass
 class TrainOptions:
     """Knobs of one training run (the `vela2 train` options)."""
@@ -190,6 +209,7 @@ class TrainOptions:
     seed: int = 0
     save_every: int = 0  # steps between train-state saves; 0 = never
     span_pos_weight: float = 5.0  # weight of positive span units in their BCE
+    lr_schedule: str = "constant"  # or "linear": warm-up over the first 5% of steps, then linear decay to 0
     progress: bool | None = None  # a tqdm bar on stderr; None = when stderr is a terminal
 
 
@@ -238,6 +258,8 @@ def train(model: Vela2Model, examples: list[Example], options: TrainOptions, *,
             if n_questions:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                for group in optimizer.param_groups:
+                    group["lr"] = options.lr * lr_factor(done, total_steps, options.lr_schedule)
                 optimizer.step()
             value = float(loss.detach())
             if not math.isfinite(value):
@@ -267,6 +289,23 @@ def save_state(path: Path, params: dict[str, torch.nn.Parameter], optimizer: tor
     tmp.replace(path)
 
 
+def finish(model: Vela2Model, dev_rows: list[Any] | None, precision: str = "fp32") -> dict[str, Any] | None:
+    """Make a trained model what its checkpoint will serve: backbone matmul weights rounded to the
+    release dtype (`vela2.checkpoint.release_state_dict`: bf16), so that the calibration is fitted on
+    the weights the worker loads; then the calibration fitted on `dev_rows` (None: kept as it was).
+    Returns the calibration report (`vela2.fitting.calibrate`), or None without dev rows."""
+    from vela2.checkpoint import release_state_dict
+    from vela2.fitting import calibrate
+
+    with torch.no_grad():
+        model.load_state_dict(release_state_dict(model))
+    model.eval()
+    if dev_rows is None:
+        return None
+    model.calibration, report = calibrate(model, dev_rows, precision=precision)
+    return report
+
+
 def train_command(checkpoint: str, train_path: str, out: str, *, dev_path: str | None = None,
                   options: TrainOptions, device: str = "cpu", resume: bool = False) -> int:
     """`vela2 train`: load, train, fit calibration on DEV, write a servable checkpoint to OUT.
@@ -275,7 +314,7 @@ def train_command(checkpoint: str, train_path: str, out: str, *, dev_path: str |
     no row is usable.
     """
     from vela2.checkpoint import load, save
-    from vela2.fitting import calibrate, format_report, read_jsonl
+    from vela2.fitting import format_report, read_jsonl
 
     rows, bad = read_jsonl(train_path)
     model = load(checkpoint, device=device, dtype=torch.float32)  # trained in fp32 (bf16 = autocast)
@@ -293,15 +332,13 @@ def train_command(checkpoint: str, train_path: str, out: str, *, dev_path: str |
           file=sys.stderr)
     losses = train(model, examples, options, state_path=out_dir / STATE_FILE, resume=resume)
     print("epoch losses: " + ", ".join(f"{x:.4f}" for x in losses), file=sys.stderr)
-    if dev_path:
-        dev_rows, dev_bad = read_jsonl(dev_path)
-        cal, report = calibrate(model, dev_rows, precision=options.precision)
+    dev_rows, dev_bad = read_jsonl(dev_path) if dev_path else (None, [])
+    report = finish(model, dev_rows, precision=options.precision)
+    if report is not None:
         report["skipped"] = dev_bad + report["skipped"]
         print(format_report(report))
-        model.calibration = cal
     else:
         print("no --dev: calibration kept as it was (thresholds and temperatures are not refitted)", file=sys.stderr)
-    model.eval()
     save(model, out_dir)
     print(f"wrote {out_dir}")
     return 0

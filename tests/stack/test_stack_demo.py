@@ -31,8 +31,9 @@ def test_demo_runs_on_fakeredis_when_redis_server_is_missing(demo_dir, monkeypat
     assert demo.run_demo(checkpoint=demo_dir) == 0
     out = capsys.readouterr().out
     assert "fakeredis TcpFakeServer" in out and "demo OK" in out
-    assert "the model: a 2-layer demo scorer with seeded RANDOM weights" in out  # says its answers mean nothing
-    assert "text 'The sky is green over the city today.'; asked: Is the sky green?" in out
+    assert "the model: a 2-layer demo scorer trained on synthetic customer messages" in out  # says what it knows
+    assert "text 'Hi, my name is Maria Lopez from Globex. Where is my package, it has...'; " \
+           "asked: What does the customer want?" in out
     for rid in (
         "demo-choice",
         "demo-score",
@@ -47,5 +48,14 @@ def test_demo_runs_on_fakeredis_when_redis_server_is_missing(demo_dir, monkeypat
     ):
         line = next(x for x in out.splitlines() if x.startswith(rid + " "))
         assert "NO ANSWER" not in line, line
+    # the answers a reader expects (the model was trained on messages like these)
+    answer_of = {x.split()[0]: x for x in out.splitlines() if x.startswith("demo-")}
+    assert 'choice:intent: "delivery"' in answer_of["demo-choice"]
+    assert 'set:toxicity: ["insult", "threat"]' in answer_of["demo-set"]
+    assert "person='Chen Garcia'" in answer_of["demo-pii"] and "email='chen_garcia7@mail.test'" in answer_of["demo-pii"]
+    assert 'intent: "refund"' in answer_of["demo-systemone"] and "email='carol.evans4@example.com'" in answer_of[
+        "demo-systemone"]
+    assert [answer_of[f"demo-bulk-{i}"].split("choice:sentiment: ")[1].split()[0] for i in range(3)] == [
+        '"positive"', '"negative"', '"neutral"']
     assert "invalid_request" in next(x for x in out.splitlines() if x.startswith("demo-bad "))
     assert "worker stopped (exit code 0)" in out and "returned 0 to the queue" in out

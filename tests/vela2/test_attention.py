@@ -22,7 +22,7 @@ from vela2.modeling import build_backbone, tree_mask
 from vela2.pipeline import collate, prepare, run_batch
 
 TOL = 1e-4  # fp32: flex vs sdpa, max |diff| of raw head logits and of probabilities
-ROW = 512  # row_tokens of the model tests: the demo's max_window_tokens, so every flex batch is (R, 512)
+ROW = 768  # row_tokens of the model tests: the demo's max_window_tokens, so every sequence (a window) fits a row
 
 
 # --- the mask ------------------------------------------------------------------------------------

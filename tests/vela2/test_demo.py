@@ -1,26 +1,34 @@
-"""The demo checkpoint: deterministic, named, and with heads whose outputs are spread out on ordinary
-text (so every decode path has work to do)."""
+"""The demo checkpoint: named, deterministic, trained: it meets its held-out targets (the numbers the
+README's table reports) and answers its own sample rows right."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 
 import vela2
+from vela2 import demo
 from vela2.checkpoint import WEIGHTS
 from vela2.cli import main
-from vela2.demo import DEMO_NAME, sample_rows
+from vela2.demo import (
+    DEMO_NAME,
+    DESCRIPTION,
+    DESCRIPTION_FILE,
+    HELD_OUT_ROWS,
+    HELD_OUT_SEED,
+    SAMPLE_EXPECTED,
+    sample_rows,
+)
+from vela2.evaluation import eval_report
+from vela2.synthetic import labelled_rows
 
-ORDINARY = [
-    "The weather in the city was cold and wet all week, and the school closed early on Friday.",
-    "Our customer support team answered the refund question within two hours. Great service!",
-    "The bank raised its price for card payments, and the market report says people are not happy.",
-    "Please call Maria Lopez at +1-555-0199 or write to maria.lopez@example.org before Monday.",
-    "I think the film was too long, but the music was very good and the actors were great.",
-]
+# The targets of issue 20 on held-out rows of another seed than training's and dev's.
+MIN_SPAN_F1 = {"email": 0.95, "phone": 0.95, "person": 0.85}  # word-level F1 per label, span:pii
+MIN_ACCURACY = {"choice:intent": 0.9, "choice:sentiment": 0.9}
+TINY = demo.DemoRecipe(n_train=12, n_dev=12, epochs=1)  # the recipe's code path, in seconds
 
 
 def test_config_carries_a_name(demo_dir, demo_model):
@@ -28,51 +36,63 @@ def test_config_carries_a_name(demo_dir, demo_model):
     assert cfg["name"] == DEMO_NAME == "vela2-demo" == demo_model.name
     assert cfg["model_type"] == "vela2" and cfg["backbone"]["model_type"] == "qwen2"
     assert {"max_window_tokens", "window_overlap_words", "heads", "special_tokens"} <= set(cfg)
+    assert (demo_dir / DESCRIPTION_FILE).read_text() == DESCRIPTION + "\n"
 
 
-def test_init_demo_is_deterministic(demo_dir, tmp_path, capsys):
-    """A second write (through `vela2 init-demo`) gives identical files and tensors."""
-    assert main(["init-demo", str(tmp_path / "again")]) == 0
-    assert "demo checkpoint written to" in capsys.readouterr().out
-    again = tmp_path / "again"
-    for name in ("tokenizer.json", "config.json", "calibration.json"):
-        assert (again / name).read_bytes() == (demo_dir / name).read_bytes(), name
-    a, b = load_file(str(demo_dir / WEIGHTS)), load_file(str(again / WEIGHTS))
+def test_init_demo_is_deterministic(tmp_path, capsys, monkeypatch):
+    """Two runs of `vela2 init-demo` (training included) write identical files and tensors. The run is
+    the demo's own code path with a tiny recipe (the full one trains for minutes; it was checked by hand:
+    README)."""
+    monkeypatch.setattr(demo, "RECIPE", TINY)
+    for name in ("a", "b"):
+        assert main(["init-demo", str(tmp_path / name)]) == 0
+        assert "demo checkpoint written to" in capsys.readouterr().out
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    for name in ("tokenizer.json", "config.json", "calibration.json", DESCRIPTION_FILE):
+        assert (a_dir / name).read_bytes() == (b_dir / name).read_bytes(), name
+    a, b = load_file(str(a_dir / WEIGHTS)), load_file(str(b_dir / WEIGHTS))
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    untrained = demo.untrained_demo_model().state_dict()
+    assert not torch.equal(a["option_head.out.weight"], untrained["option_head.out.weight"])  # it did train
 
 
-def test_outputs_spread_out_on_ordinary_text(demo_model):
-    rows = []
-    for i, text in enumerate(ORDINARY):
-        rows.append(
-            {
-                "id": f"c{i}",
-                "task": "choice:x",
-                "text": text,
-                "logits": True,
-                "questions": [
-                    {"question": "Is the text positive?", "options": ["yes", "no"]},
-                    {"question": "What is the topic?", "options": ["weather", "finance", "support", "film"]},
-                ],
-            }
-        )
-        rows.append(
-            {
-                "id": f"s{i}",
-                "task": "span:ents",
-                "text": text,
-                "units": True,
-                "questions": [{"labels": ["person", "email", "phone", "company"]}],
-            }
-        )
-    res = vela2.predict(demo_model, rows, precision="fp32")
-    opt = np.concatenate([a.logits for r in res for a in r.answers if a.logits is not None])
-    assert opt.std() >= 1.0
-    units = np.concatenate([v for r in res for a in r.answers if a.units for v in a.units.probs.values()])
-    assert (units > 0.5).any() and (units < 0.5).any()
-    assert any(a.spans for r in res for a in r.answers if a.units)
+@pytest.fixture(scope="module")
+def held_out_report(demo_model):
+    """`vela2 eval`'s report of the demo checkpoint on the README's held-out rows (a seed of their own)."""
+    return eval_report(demo_model, labelled_rows(HELD_OUT_ROWS, seed=HELD_OUT_SEED), precision="fp32")
+
+
+@pytest.mark.parametrize("label", sorted(MIN_SPAN_F1))
+def test_held_out_span_f1(held_out_report, label):
+    f1 = held_out_report["tasks"]["span:pii"]["f1_per_label"][label]
+    assert f1 >= MIN_SPAN_F1[label], f"{label}: held-out word F1 {f1:.4f} < {MIN_SPAN_F1[label]}"
+
+
+@pytest.mark.parametrize("task", sorted(MIN_ACCURACY))
+def test_held_out_choice_accuracy(held_out_report, task):
+    acc = held_out_report["tasks"][task]["accuracy"]
+    assert acc >= MIN_ACCURACY[task], f"{task}: held-out accuracy {acc:.4f} < {MIN_ACCURACY[task]}"
+
+
+def _decisions(answer) -> object:
+    if answer.spans is not None:
+        found: dict[str, list[str]] = {}
+        for s in answer.spans:
+            found.setdefault(s.label, []).append(s.text)
+        return found
+    return answer.decision
+
+
+def test_sample_rows_are_answered_right(demo_model):
+    """The demo's requests get the answers a reader expects (what `vela2 demo` prints)."""
+    rows = [r for r in sample_rows() if r["id"] in SAMPLE_EXPECTED]
+    assert len(rows) == len(SAMPLE_EXPECTED)
+    for res in vela2.predict(demo_model, rows, precision="fp32"):
+        assert res.status == "ok", res.error
+        got = [_decisions(a) for a in sorted(res.answers, key=lambda a: a.question)]
+        assert got == SAMPLE_EXPECTED[res.id], res.id
 
 
 def test_sample_rows_all_answer(demo_model):

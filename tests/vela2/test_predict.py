@@ -352,10 +352,11 @@ def test_long_text_windows_merge_and_pool(demo_model, long_result):
                     for g, w in ((g, farthest_window(prep, g)) for g in range(len(offsets)))
                 ]
             )
-            assert np.abs(got - want).max() <= TOL
+            # raw logits (the trained demo's reach |20|): float32 noise of other batch shapes grows with them
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=TOL)
             # the planted words at both ends come from the windows that hold the text's own edges
-            assert got[0] == pytest.approx(alone[0].spans[q][0, k], abs=TOL)
-            assert got[-1] == pytest.approx(alone[-1].spans[q][-1, k], abs=TOL)
+            assert got[0] == pytest.approx(alone[0].spans[q][0, k], rel=1e-6, abs=TOL)
+            assert got[-1] == pytest.approx(alone[-1].spans[q][-1, k], rel=1e-6, abs=TOL)
     # option logits: the mean of the windows' raw logits
     mean = np.mean([a.options[1] for a in alone], axis=0)
     assert np.abs(np.array(res.answers[1].logits) - mean).max() <= TOL
@@ -416,7 +417,8 @@ def test_planted_runs_at_both_ends_and_across_a_window_boundary(demo_model):
         (int(offs[first, 0]), int(offs[last, 1]), LONG_TEXT[offs[first, 0] : offs[last, 1]]),
         (int(offs[-2, 0]), len(LONG_TEXT), ".com"),
     ]
-    assert res.answers[0].spans[1].score == pytest.approx(1 / (1 + math.exp(-6.0)), abs=1e-6)
+    t_span = demo_model.calibration.T_span  # the demo's fitted span temperature
+    assert res.answers[0].spans[1].score == pytest.approx(1 / (1 + math.exp(-6.0 / t_span)), abs=1e-6)
     # option logits pooled as the mean over windows: window index mean, 0, 1
     n = len(prep.sequences)
     assert res.answers[1].logits == pytest.approx([(n - 1) / 2, 0.0, 1.0], abs=1e-6)

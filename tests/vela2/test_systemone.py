@@ -643,15 +643,7 @@ def test_write_schemas_command(tmp_path: Any, capsys: pytest.CaptureFixture[str]
 # --- against the model: SystemOne == predict() on the same row ------------------------------------
 
 
-@pytest.fixture(scope="session")
-def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    import torch
-
-    import vela2
-
-    path = tmp_path_factory.mktemp("demo-ckpt")
-    vela2.init_demo(path)
-    return vela2.load(path, dtype=torch.float32)
+# demo_model: the session's trained demo model (tests/conftest.py), so the suite trains it once
 
 
 def seed_requests(model_name: str) -> list[dict[str, Any]]:

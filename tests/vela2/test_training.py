@@ -1,6 +1,7 @@
 """vela2 train / vela2 eval: the training forward equals serving's, losses fall, training beats the
 untrained model on held-out rows, resume continues the same run, bad rows are listed and skipped,
-and the trained checkpoint loads and serves."""
+and the trained checkpoint loads and serves. Training starts from the untrained demo model
+(`untrained_demo_dir`); the trained demo checkpoint serves the forward-parity checks."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 import vela2
 from vela2.cli import main
+from vela2.demo import demo_calibration
 from vela2.evaluation import eval_report
 from vela2.pipeline import run_batch
 from vela2.synthetic import labelled_rows
@@ -22,8 +24,8 @@ TRAIN = labelled_rows(120, seed=11)
 HELD_OUT = labelled_rows(80, seed=12)
 
 
-def _fresh(demo_dir: Path):
-    return vela2.load(demo_dir, dtype=torch.float32)
+def _fresh(untrained_demo_dir: Path):
+    return vela2.load(untrained_demo_dir, dtype=torch.float32)
 
 
 def _write(path: Path, rows: list) -> Path:
@@ -53,10 +55,11 @@ def test_training_forward_equals_serving(demo_model):
 
 
 def test_bad_rows_are_listed_and_skipped(demo_model):
+    choice = next(r for r in TRAIN if r["task"].startswith("choice:") and len(r["questions"]) == 1)
     rows = [
         TRAIN[0],
-        {**TRAIN[1], "id": "no-gold", "gold": None},
-        {**TRAIN[1], "id": "wrong-option", "gold": "teleport"},
+        {**choice, "id": "no-gold", "gold": None},
+        {**choice, "id": "wrong-option", "gold": "teleport"},
         {"id": "not-a-row", "task": "choice:x"},
     ]
     rows[1].pop("gold")
@@ -68,8 +71,25 @@ def test_bad_rows_are_listed_and_skipped(demo_model):
     assert "teleport" in reasons["wrong-option"]
 
 
+def _new_heads(demo_dir: Path):
+    """The trained demo's backbone under new, seeded random heads and the export calibration."""
+    model = vela2.load(demo_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    for head in (model.option_head, model.span_head):
+        for mod in head.modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.reset_parameters()
+    with torch.no_grad():
+        model.span_head.bias.zero_()
+    model.calibration = demo_calibration()
+    return model
+
+
 def test_heads_only_training_lowers_loss_and_beats_untrained(demo_dir):
-    model = _fresh(demo_dir)
+    """Heads-only training is for a backbone that already has features (an imported model): here the
+    trained demo's backbone under new heads. (On the random backbone the held-out NLL of every choice
+    task rose: its option markers carry nothing a head can learn, e.g. intent 1.41 -> 2.20.)"""
+    model = _new_heads(demo_dir)
     before = eval_report(model, HELD_OUT)
     examples, _ = labelled_examples(model, TRAIN)
     backbone = {n: p.clone() for n, p in model.backbone.named_parameters()}
@@ -85,8 +105,8 @@ def test_heads_only_training_lowers_loss_and_beats_untrained(demo_dir):
     assert span_a["f1"] > span_b["f1"] + 0.1
 
 
-def test_full_training_moves_the_backbone(demo_dir):
-    model = _fresh(demo_dir)
+def test_full_training_moves_the_backbone(untrained_demo_dir):
+    model = _fresh(untrained_demo_dir)
     examples, _ = labelled_examples(model, TRAIN[:16])
     with torch.no_grad():
         first = batch_loss(model, examples, "fp32", backbone_grad=False)[0].item()
@@ -97,34 +117,35 @@ def test_full_training_moves_the_backbone(demo_dir):
         assert batch_loss(model, examples, "fp32", backbone_grad=False)[0].item() < 0.9 * first
 
 
-def test_resume_continues_the_same_run(demo_dir, tmp_path):
+def test_resume_continues_the_same_run(untrained_demo_dir, tmp_path):
     examples_of = lambda m: labelled_examples(m, TRAIN[:40])[0]  # noqa: E731
     opts = TrainOptions(epochs=2, lr=5e-3, max_batch_tokens=2048, seed=5, save_every=1, progress=False)
-    straight = _fresh(demo_dir)
+    straight = _fresh(untrained_demo_dir)
     train(straight, examples_of(straight), opts)
 
     state = tmp_path / "train-state.pt"
-    first = _fresh(demo_dir)  # "interrupted" after epoch 1: its state file holds that step
+    first = _fresh(untrained_demo_dir)  # "interrupted" after epoch 1: its state file holds that step
     train(first, examples_of(first), TrainOptions(**{**vars(opts), "epochs": 1}), state_path=state)
-    resumed = _fresh(demo_dir)
+    resumed = _fresh(untrained_demo_dir)
     train(resumed, examples_of(resumed), opts, state_path=state, resume=True)
     for (n, a), b in zip(straight.named_parameters(), resumed.parameters(), strict=True):
         torch.testing.assert_close(a, b, msg=n)
 
 
-def test_train_and_eval_commands(demo_dir, tmp_path, capsys):
+def test_train_and_eval_commands(untrained_demo_dir, tmp_path, capsys):
     train_path = _write(tmp_path / "train.jsonl", [*TRAIN, "{broken", {**TRAIN[0], "id": "bad", "gold": "x"}])
     dev_path = _write(tmp_path / "dev.jsonl", labelled_rows(60, seed=13))
     test_path = _write(tmp_path / "test.jsonl", HELD_OUT)
     out = tmp_path / "trained"
-    assert main(["train", "--checkpoint", str(demo_dir), str(train_path), "--dev", str(dev_path), "--out", str(out),
-                 "--epochs", "3", "--lr", "1e-2", "--save-every", "10"]) == 0
+    assert main(["train", "--checkpoint", str(untrained_demo_dir), str(train_path), "--dev", str(dev_path),
+                 "--out", str(out), "--epochs", "3", "--lr", "1e-2", "--save-every", "10"]) == 0
     captured = capsys.readouterr()
     assert "skipped line 121: invalid JSON" in captured.err
     assert "skipped bad: " in captured.err
     assert "training the heads of vela2-demo on 120 rows (2 skipped)" in captured.err
     assert (out / "train-state.pt").is_file()
-    assert main(["eval", "--checkpoint", str(demo_dir), str(test_path), "--json", str(tmp_path / "e0.json")]) == 0
+    assert main(["eval", "--checkpoint", str(untrained_demo_dir), str(test_path), "--json",
+                 str(tmp_path / "e0.json")]) == 0
     assert main(["eval", "--checkpoint", str(out), str(test_path), "--json", str(tmp_path / "e1.json")]) == 0
     table = capsys.readouterr().out
     assert "span:pii" in table and "email: word F1" in table
