@@ -196,9 +196,15 @@ class AsyncClient:
         poll_min_s: float = POLL_MIN_S,
         poll_max_s: float = POLL_MAX_S,
         tenant: str | None = None,
+        broker_url: str | None = None,
+        broker: Any = None,
     ):
         self._owns_redis = redis is None  # aclose closes only a connection pool this client made
         self.redis = redis if redis is not None else aioredis.Redis.from_url(redis_url)
+        self._owns_broker = broker is None and bool(broker_url)
+        # the queues' Redis: the result store's unless the workers take from another
+        self.broker = broker if broker is not None else (
+            aioredis.Redis.from_url(broker_url) if broker_url else self.redis)
         self.model = model
         self.track_submitted = track_submitted
         self.submitted_ttl_s = submitted_ttl_s
@@ -209,7 +215,7 @@ class AsyncClient:
     def with_tenant(self, tenant: str | None) -> AsyncClient:
         """A client for `tenant` over this one's connection pool (its own poller; closing it leaves
         the pool open)."""
-        return AsyncClient(model=self.model, redis=self.redis, track_submitted=self.track_submitted,
+        return AsyncClient(model=self.model, redis=self.redis, broker=self.broker, track_submitted=self.track_submitted,
                            submitted_ttl_s=self.submitted_ttl_s, poll_min_s=self._poll[0],
                            poll_max_s=self._poll[1], tenant=tenant)
 
@@ -224,7 +230,7 @@ class AsyncClient:
         return queue_name(self.model, backfill=backfill)
 
     async def _push(self, messages: list[Message]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.broker.pipeline(transaction=False)
         queue_commands(pipe, messages)
         await pipe.execute()
 
@@ -333,7 +339,9 @@ class AsyncClient:
         return bool(await self.redis.ping())
 
     async def aclose(self) -> None:
-        """Stop the poller and release the connection pool (when this client made it)."""
+        """Stop the poller and release the connection pools (those this client made)."""
         await self.poller.aclose()
         if self._owns_redis:
             await self.redis.aclose()
+        if self._owns_broker:
+            await self.broker.aclose()

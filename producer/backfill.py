@@ -65,7 +65,14 @@ from producer.client import (
 )
 from vela2.config import LIMITS
 from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, Vela2Error
-from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
+from vela2.redis_url import (
+    BROKER_SCHEMES,
+    ENV_BROKER_URL,
+    ENV_REDIS_URL_FILE,
+    RESULT_STORE_SCHEMES,
+    check_url,
+    url_from_args,
+)
 from vela2.schemas import Status, error_result
 from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
 from vela2.wire.keys import queue_name
@@ -488,6 +495,7 @@ def run_backfill(
     redis: Any = None,
     redis_timeout_s: float | None = None,
     tenant: str | None = None,
+    broker_url: str | None = None,
 ) -> BackfillSummary:
     """Score every request of IN through the queue into OUT (see the module docstring).
 
@@ -496,8 +504,14 @@ def run_backfill(
     `expired` after it); `progress`: None = a bar when stderr is a terminal. `redis` replaces the
     connection made from `redis_url` (tests). `redis_timeout_s`: the longest Redis outage the run
     rides out (default `timeout_s`), then RedisUnavailable. `tenant`: the ids are this tenant's
-    (producer.client.Scope; OUT holds them as given). Returns the summary (also logged).
+    (producer.client.Scope; OUT holds them as given). `broker_url`: the workers' broker when it is not
+    the Redis at `redis_url`. Returns the summary (also logged). A URL of the wrong scheme raises
+    ConfigError naming it (password masked) before anything is read.
     """
+    if redis is None:
+        check_url(redis_url, "result store", RESULT_STORE_SCHEMES)
+    if broker_url:
+        check_url(broker_url, "broker", BROKER_SCHEMES)
     if window < 1:
         raise InvalidRequest(f"window must be at least 1; got {window}")
     if chunk_size < 1:
@@ -507,7 +521,7 @@ def run_backfill(
     done, torn = scan_out(out_path)
     enabled = sys.stderr.isatty() if progress is None else progress
     bar = _progress_bar(enabled, count_lines(in_path) if enabled else None)
-    client = Client(redis_url, model=model, redis=redis, tenant=tenant)
+    client = Client(redis_url, model=model, redis=redis, tenant=tenant, broker_url=broker_url)
     writer = LineWriter(out_path)
     job = _Backfill(
         client, writer, window=window, chunk_size=chunk_size, timeout_s=timeout_s, deadline_s=deadline_s,
@@ -539,6 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
     ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
                     help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
+    ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
+                    help=f"the workers' broker URL when it is not the Redis of --redis (default ${ENV_BROKER_URL})")
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="model name (its queues)")
     ap.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="most rows in flight (backpressure)")
     ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="rows per queue message")
@@ -581,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
             poll_s=args.poll_s,
             redis_timeout_s=args.redis_timeout_s,
             tenant=args.tenant,
+            broker_url=args.broker,
         )
     except (InvalidRequest, LimitExceeded, ConfigError) as e:
         print(f"vela2 backfill: {e}", file=sys.stderr)

@@ -285,11 +285,12 @@ def plan_submit(items: list[tuple[str, Any]], claims: Claims, messages: list[Mes
 class Client:
     """Submit requests and read results over one Redis connection pool.
 
-    `redis_url`: the Redis that the workers of `model` use as broker and result store (ignored when
-    `redis` is given). `model`: the model served; it names the queues (`vela2.<model>` online,
-    `vela2.<model>.backfill`) and SystemOne requests must name it (else ModelMismatch). `redis`: a
-    ready client to use instead of one made from the URL: a `redis.Redis` (your own pool, TLS, a
-    Sentinel master) or, in tests, a `fakeredis.FakeRedis` (with Lua: ``pip install
+    `redis_url`: the Redis that the workers of `model` use as result store, and as broker unless
+    `broker_url` names another Redis (the workers' `--broker`; `broker` replaces the connection made
+    from it, as `redis` does for the result store). `model`: the model served; it names the queues
+    (`vela2.<model>` online, `vela2.<model>.backfill`) and SystemOne requests must name it (else
+    ModelMismatch). `redis`: a ready client to use instead of one made from the URL: a `redis.Redis`
+    (your own pool, TLS, a Sentinel master) or, in tests, a `fakeredis.FakeRedis` (with Lua: ``pip install
     "vela2[testing]"``; see producer.testing). `track_submitted`: write the `vela2:submitted:<id>`
     marker at submit time (default on) so that `status` tells "pending" from "unknown" and an
     expired answer raises ResultExpired instead of a wait to the timeout; `submitted_ttl_s`: how
@@ -313,8 +314,13 @@ class Client:
         track_submitted: bool = True,
         submitted_ttl_s: int = DEFAULT_SUBMITTED_TTL_S,
         tenant: str | None = None,
+        broker_url: str | None = None,
+        broker: Any = None,
     ):
         self.redis = redis if redis is not None else redis_lib.Redis.from_url(redis_url)
+        # the queues' Redis: the result store's unless the workers take from another
+        self.broker = broker if broker is not None else (
+            redis_lib.Redis.from_url(broker_url) if broker_url else self.redis)
         self.model = model
         self.scope = Scope(tenant)  # ids of a tenant never meet another's (see Scope)
         # Write vela2:submitted:<id> markers at submit time (with the push): without them an expired
@@ -333,8 +339,8 @@ class Client:
         return queue_name(self.model, backfill=backfill)
 
     def _push(self, messages: list[Message]) -> None:
-        """LPUSH every message in one round trip."""
-        pipe = self.redis.pipeline(transaction=False)
+        """LPUSH every message onto the broker in one round trip."""
+        pipe = self.broker.pipeline(transaction=False)
         queue_commands(pipe, messages)
         pipe.execute()
 
@@ -496,8 +502,10 @@ class Client:
         return bool(self.redis.ping())
 
     def close(self) -> None:
-        """Release the connection pool."""
+        """Release the connection pools."""
         self.redis.close()
+        if self.broker is not self.redis:
+            self.broker.close()
 
 
 __all__ = [

@@ -98,7 +98,14 @@ from vela2.errors import (
     ResultExpired,
     Vela2Error,
 )
-from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
+from vela2.redis_url import (
+    BROKER_SCHEMES,
+    ENV_BROKER_URL,
+    ENV_REDIS_URL_FILE,
+    RESULT_STORE_SCHEMES,
+    check_url,
+    url_from_args,
+)
 from vela2.schemas import ErrorInfo, Status
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, error_answer, parse_request, request_schema
 from vela2.wire.keys import HEARTBEAT_S, queue_name, workers_key
@@ -228,8 +235,10 @@ def create_app(
     redis_connections: int = DEFAULT_REDIS_CONNECTIONS,
     redis_wait_s: float = DEFAULT_REDIS_WAIT_S,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    broker_url: str | None = None,
 ) -> FastAPI:
-    """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring).
+    """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring), queueing
+    on `broker_url` when the workers' broker is another Redis (as many connections again there).
     `keys`: the API keys callers must present (producer.auth); None serves without authentication
     (say so explicitly: `serve` allows it on loopback only). At most `redis_connections` Redis
     connections; a request waits up to `redis_wait_s` for one, then gets 429 with Retry-After. A
@@ -242,7 +251,10 @@ def create_app(
         # Created inside the server's event loop: redis.asyncio connections belong to one loop.
         pool = BoundedPool.from_url(redis_url, max_connections=redis_connections, timeout=redis_wait_s)
         redis_client = aioredis.Redis(connection_pool=pool)
-        state["client"] = AsyncClient(model=model, track_submitted=True, redis=redis_client)
+        broker_pool = (BoundedPool.from_url(broker_url, max_connections=redis_connections, timeout=redis_wait_s)
+                       if broker_url else None)
+        broker = aioredis.Redis(connection_pool=broker_pool) if broker_pool else None
+        state["client"] = AsyncClient(model=model, track_submitted=True, redis=redis_client, broker=broker)
         try:
             yield
         finally:
@@ -251,6 +263,9 @@ def create_app(
             tenants.clear()
             await redis_client.aclose()
             await pool.disconnect()
+            if broker is not None and broker_pool is not None:
+                await broker.aclose()
+                await broker_pool.disconnect()
 
     app = FastAPI(
         title="Vela 2 SystemOne",
@@ -486,11 +501,16 @@ def serve(
     redis_wait_s: float = DEFAULT_REDIS_WAIT_S,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     headers_timeout_s: float = DEFAULT_HEADERS_TIMEOUT_S,
+    broker_url: str | None = None,
 ) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
-    `keys` None (no authentication) is refused unless `host` is a loopback address."""
+    `keys` None (no authentication) is refused unless `host` is a loopback address; a URL of the
+    wrong scheme raises ConfigError naming it (password masked)."""
     import uvicorn
 
+    check_url(redis_url, "result store", RESULT_STORE_SCHEMES)
+    if broker_url:
+        check_url(broker_url, "broker", BROKER_SCHEMES)
     if keys is None:
         if host not in LOOPBACK_HOSTS:
             raise ConfigError(f"--no-auth serves only on loopback ({', '.join(LOOPBACK_HOSTS)}); got --host {host}")
@@ -499,7 +519,8 @@ def serve(
         raise ConfigError(f"no API keys: give --api-keys-file F (or ${ENV_API_KEYS_FILE} / ${ENV_API_KEYS}), "
                           "or --no-auth on loopback")
     app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
-                     redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s)
+                     redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
+                     broker_url=broker_url)
     uvicorn.run(app, host=host, port=port, log_level=log_level, http=headers_timeout_protocol(headers_timeout_s))
 
 
@@ -568,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
     ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
                     help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
+    ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
+                    help=f"the workers' broker URL when it is not the Redis of --redis (default ${ENV_BROKER_URL})")
     ap.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0 inside a container)")
     ap.add_argument("--port", type=int, default=DEFAULT_PORT)
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="the model served")
@@ -611,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
             redis_wait_s=args.redis_wait_s,
             body_timeout_s=args.body_timeout_s,
             headers_timeout_s=args.headers_timeout_s,
+            broker_url=args.broker,
         )
     except ConfigError as e:
         print(f"vela2 http: {e}", file=sys.stderr)

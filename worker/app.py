@@ -3,7 +3,8 @@
     celery -A worker.app worker                 # settings from VELA2_* environment variables
     vela2 worker --checkpoint DIR ...           # the CLI builds WorkerSettings and calls run_worker()
 
-Redis is broker and result backend. JSON only. One queue per model (`vela2.<model>`) drained
+The broker (`broker_url`, default the result store's `redis_url`) carries the messages; the result
+backend (`redis_url`) holds the results. JSON only. One queue per model (`vela2.<model>`) drained
 before its backfill queue (`vela2.<model>.backfill`): kombu's `queue_order_strategy=priority`
 BRPOPs the queues in the listed order. Pool solo, one process per device: the `vela2.score`
 task's Strategy hands every message to the engine (worker.engine) instead of the pool, and the
@@ -133,16 +134,17 @@ class EngineStep(bootsteps.StartStopStep):
 def create_app(settings: WorkerSettings | None = None) -> Celery:
     """The Celery app of a worker with these settings (from the environment when None)."""
     settings = settings or WorkerSettings.from_env()
-    app = Celery("vela2", broker=settings.redis_url, backend=settings.redis_url, set_as_current=False)
+    broker_url = settings.resolved_broker_url
+    app = Celery("vela2", broker=broker_url, backend=settings.redis_url, set_as_current=False)
     try:
         model_name: str | None = settings.resolved_model_name()
     except Vela2Error as e:  # no checkpoint yet: fine for inspecting; the worker refuses to start
         log.debug("no model name yet: %s", e)
         model_name = None
     queues = keys.queues(model_name) if model_name else []
-    if settings.redis_url.startswith(("redis://", "rediss://")):
+    if broker_url.startswith(("redis://", "rediss://")):
         app.conf.broker_transport = "worker.broker:RedisTransport"  # triaged items, writes retried
-        app.conf.broker_use_ssl = ssl_options(settings.redis_url)
+        app.conf.broker_use_ssl = ssl_options(broker_url)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

@@ -35,10 +35,13 @@ class Leases:
     """The delivery tags an engine holds, renewed from a thread of their own."""
 
     def __init__(self, redis: Any, visibility_timeout_s: float, progress: Callable[[], float] | None = None,
-                 clock: Callable[[], float] = time.monotonic, heartbeat: tuple[str, str] | None = None):
-        self.redis = redis
-        # (model name, worker id): beat into keys.workers_key(model) while the engine makes progress
+                 clock: Callable[[], float] = time.monotonic, heartbeat: tuple[str, str] | None = None,
+                 beats: Any = None):
+        self.redis = redis  # the broker: its unacked index is renewed
+        # (model name, worker id): beat into keys.workers_key(model) while the engine makes progress,
+        # in `beats` (the result store, where `vela2 http` reads them; default the broker's Redis)
         self.heartbeat = heartbeat
+        self.beats = redis if beats is None else beats
         self.visibility_timeout_s = float(visibility_timeout_s)
         self.interval_s = max(0.2, min(_MAX_INTERVAL_S, self.visibility_timeout_s / 4))
         self.progress = progress  # when the engine last made progress (clock seconds); None: always
@@ -69,7 +72,7 @@ class Leases:
             self._thread.join(5)
         if self.heartbeat is not None:  # a worker that stops is not ready any more
             try:
-                self.redis.zrem(keys.workers_key(self.heartbeat[0]), self.heartbeat[1])
+                self.beats.zrem(keys.workers_key(self.heartbeat[0]), self.heartbeat[1])
             except Exception as e:  # Redis away: the beat goes stale on its own
                 log.warning("removing the heartbeat failed: %s", e)
 
@@ -79,7 +82,7 @@ class Leases:
             return
         model, worker_id = self.heartbeat
         now = time.time()
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.beats.pipeline(transaction=False)
         pipe.zadd(keys.workers_key(model), {worker_id: now})
         pipe.zremrangebyscore(keys.workers_key(model), "-inf", now - 60 * keys.HEARTBEAT_S)
         pipe.execute()

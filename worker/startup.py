@@ -59,22 +59,26 @@ def exit_on_start_failure(e: BaseException) -> None:
 
 def preflight(settings: WorkerSettings) -> None:
     """What can be checked before Celery starts, so `vela2 worker` fails fast with one clear line:
-    the settings, the checkpoint's config, and Redis (reachable within redis_wait_s, and the
-    password accepted); warns when a Redis password sits in argv. Raises ConfigError / CheckpointError."""
+    the settings (URL schemes included), the checkpoint's config, and the result store and the broker
+    (each reachable within redis_wait_s, and the password accepted); warns when a password sits in
+    argv. Raises ConfigError / CheckpointError."""
     warn_if_password_in_argv(sys.argv[1:], log)
     settings.validate()
     settings.resolved_model_name()  # reads the checkpoint's config.json
-    check_redis(settings.redis_url, settings.redis_wait_s)
+    check_redis(settings.redis_url, settings.redis_wait_s, "result store")
+    if settings.resolved_broker_url != settings.redis_url:
+        check_redis(settings.resolved_broker_url, settings.redis_wait_s, "broker")
 
 
-def check_redis(url: str, wait_s: float) -> None:
-    """PING Redis: wait up to `wait_s` for it to answer (it may start after the worker), but fail
-    at once (after a few quick tries) when it refuses the credentials, and when it is older than
-    the queues need (vela2.wire.taking.MIN_REDIS_VERSION)."""
+def check_redis(url: str, wait_s: float, role: str = "result store") -> None:
+    """PING the Redis that serves as `role` (named in every error, with its URL): wait up to `wait_s`
+    for it to answer (it may start after the worker), but fail at once (after a few quick tries) when
+    it refuses the credentials, and when it is older than the queues need (vela2.wire.taking.MIN_REDIS_VERSION)."""
     import redis
 
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
     deadline = time.monotonic() + wait_s
+    where = f"Redis at {maybe_sanitize_url(url)} ({role})"
     auth_tries = 0
     last_log = 0.0
     try:
@@ -87,25 +91,25 @@ def check_redis(url: str, wait_s: float) -> None:
                     version = ""
                 problem = taking.version_problem(version)
                 if problem:
-                    raise ConfigError(f"{problem} (at {maybe_sanitize_url(url)})")
+                    raise ConfigError(f"{problem} (at {maybe_sanitize_url(url)}, {role})")
                 return
             except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
                     redis.exceptions.NoPermissionError) as e:
                 auth_tries += 1
                 if auth_tries >= _AUTH_TRIES:
-                    raise ConfigError(f"Redis at {maybe_sanitize_url(url)} refuses the credentials: {e}") from None
+                    raise ConfigError(f"{where} refuses the credentials: {e}") from None
             except redis.exceptions.ResponseError as e:
                 if "NOAUTH" in str(e) or "WRONGPASS" in str(e):
-                    raise ConfigError(f"Redis at {maybe_sanitize_url(url)} refuses the credentials: {e}") from None
-                raise ConfigError(f"Redis at {maybe_sanitize_url(url)} answers PING with an error: {e}") from None
+                    raise ConfigError(f"{where} refuses the credentials: {e}") from None
+                raise ConfigError(f"{where} answers PING with an error: {e}") from None
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                     redis.exceptions.BusyLoadingError) as e:
                 if time.monotonic() >= deadline:
-                    raise ConfigError(f"Redis at {maybe_sanitize_url(url)} did not answer within {wait_s:g} s "
+                    raise ConfigError(f"{where} did not answer within {wait_s:g} s "
                                       f"(redis_wait_s): {e}") from None
                 if time.monotonic() - last_log >= 10:
                     last_log = time.monotonic()
-                    log.warning("waiting for Redis at %s: %s", maybe_sanitize_url(url), e)
+                    log.warning("waiting for the %s Redis at %s: %s", role, maybe_sanitize_url(url), e)
             time.sleep(0.3)
     finally:
         client.close()
@@ -148,16 +152,18 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, worst_s)
     client = redis.Redis.from_url(settings.redis_url)
     store = ResultStore(client, settings.result_expires_s)
+    # the queues and the held records (kombu's unacked index) live in the broker; results, attempt
+    # counters, dead letters and heartbeats (read by `vela2 http`) in the result store
+    broker = redis.Redis.from_url(settings.resolved_broker_url)
     metrics = Metrics(row_tokens=settings.engine.row_tokens)
     metrics.describe_worker(model=model.name, device=settings.device, precision=settings.resolved_precision,
-                            redis=client, queues=keys.queues(model.name),
+                            redis=broker, queues=keys.queues(model.name),
                             gpu_memory_source=(lambda: device.memory) if isinstance(device, ProcessDevice) else None)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.metrics_host)
     worker_id = f"{socket.gethostname()}:{os.getpid()}:{settings.device}"
-    leases = Leases(redis.Redis.from_url(settings.redis_url), settings.visibility_timeout_s,
-                    progress=lambda: engine.progress, heartbeat=(model.name, worker_id))
-    broker = redis.Redis.from_url(settings.redis_url)
+    leases = Leases(broker, settings.visibility_timeout_s, progress=lambda: engine.progress,
+                    heartbeat=(model.name, worker_id), beats=redis.Redis.from_url(settings.redis_url))
     engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored,
                     leases=leases, release_held=partial(release_held, broker), cpu=cpu, device=device)
     freeze_startup_objects()
