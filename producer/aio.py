@@ -29,6 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from producer.brokers import AmqpPublisher, queue_commands
 from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
@@ -41,12 +42,11 @@ from producer.client import (
     plan_submit,
     prepare_many,
     prepare_request,
-    queue_commands,
     read_claims,
     result_expired_error,
 )
 from vela2.schemas import RowResult
-from vela2.wire.keys import queue_name, submitted_key
+from vela2.wire.keys import is_amqp_url, queue_name, submitted_key
 from vela2.wire.messages import Message, deadline_to_expires
 from vela2.wire.results import (
     DEFAULT_SUBMITTED_TTL_S,
@@ -202,9 +202,11 @@ class AsyncClient:
         self._owns_redis = redis is None  # aclose closes only a connection pool this client made
         self.redis = redis if redis is not None else aioredis.Redis.from_url(redis_url)
         self._owns_broker = broker is None and bool(broker_url)
-        # the queues' Redis: the result store's unless the workers take from another
+        # the queues' broker: the result store's Redis unless the workers take from another broker
+        # (RabbitMQ: the blocking publisher, run in a thread)
         self.broker = broker if broker is not None else (
-            aioredis.Redis.from_url(broker_url) if broker_url else self.redis)
+            (AmqpPublisher(broker_url) if is_amqp_url(broker_url) else aioredis.Redis.from_url(broker_url))
+            if broker_url else self.redis)
         self.model = model
         self.track_submitted = track_submitted
         self.submitted_ttl_s = submitted_ttl_s
@@ -230,6 +232,9 @@ class AsyncClient:
         return queue_name(self.model, backfill=backfill)
 
     async def _push(self, messages: list[Message]) -> None:
+        if isinstance(self.broker, AmqpPublisher):
+            await asyncio.to_thread(self.broker.publish, messages)
+            return
         pipe = self.broker.pipeline(transaction=False)
         queue_commands(pipe, messages)
         await pipe.execute()
@@ -344,4 +349,7 @@ class AsyncClient:
         if self._owns_redis:
             await self.redis.aclose()
         if self._owns_broker:
-            await self.broker.aclose()
+            if isinstance(self.broker, AmqpPublisher):
+                self.broker.close()
+            else:
+                await self.broker.aclose()

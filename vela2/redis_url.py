@@ -14,13 +14,14 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from vela2.errors import ConfigError
+from vela2.wire.keys import AMQP_SCHEMES
 
 ENV_REDIS_URL_FILE = "VELA2_REDIS_URL_FILE"
 # The broker's URL when it is not the result store's (worker.settings declares the worker's setting of
 # the same name; the producer commands read this variable).
 ENV_BROKER_URL = "VELA2_BROKER_URL"
 RESULT_STORE_SCHEMES = ("redis", "rediss", "unix")
-BROKER_SCHEMES = ("redis", "rediss")
+BROKER_SCHEMES = ("redis", "rediss", *AMQP_SCHEMES)
 PASSWORD_IN_ARGV = ("a Redis password is given on the command line, where every user of this host can read it "
                     "(/proc/<pid>/cmdline); pass the URL in VELA2_REDIS_URL or a file (--redis-url-file)")
 

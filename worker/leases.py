@@ -34,14 +34,14 @@ _CHUNK = 1000  # tags per ZADD
 class Leases:
     """The delivery tags an engine holds, renewed from a thread of their own."""
 
-    def __init__(self, redis: Any, visibility_timeout_s: float, progress: Callable[[], float] | None = None,
+    def __init__(self, redis: Any | None, visibility_timeout_s: float, progress: Callable[[], float] | None = None,
                  clock: Callable[[], float] = time.monotonic, heartbeat: tuple[str, str] | None = None,
                  beats: Any = None):
-        self.redis = redis  # the broker: its unacked index is renewed
+        self.redis = redis  # the Redis broker: its unacked index is renewed (None: RabbitMQ, nothing to renew)
         # (model name, worker id): beat into keys.workers_key(model) while the engine makes progress,
         # in `beats` (the result store, where `vela2 http` reads them; default the broker's Redis)
         self.heartbeat = heartbeat
-        self.beats = redis if beats is None else beats
+        self.beats: Any = redis if beats is None else beats
         self.visibility_timeout_s = float(visibility_timeout_s)
         self.interval_s = max(0.2, min(_MAX_INTERVAL_S, self.visibility_timeout_s / 4))
         self.progress = progress  # when the engine last made progress (clock seconds); None: always
@@ -95,7 +95,7 @@ class Leases:
         """Re-score every held message to now (one pipelined round trip); returns how many."""
         with self._lock:
             tags = list(self._tags)
-        if not tags:
+        if not tags or self.redis is None:
             return 0
         now = time.time()  # kombu scores with wall-clock time
         pipe = self.redis.pipeline(transaction=False)

@@ -61,7 +61,8 @@ class WorkerSettings:
                              flag="--redis")
     redis_url_file: str | None = setting(None, "read the Redis URL from this file's first line (keeps a password "
                                                "off the command line); wins over redis_url")
-    broker_url: str | None = setting(None, "broker URL (redis://, rediss://); default: redis_url", flag="--broker")
+    broker_url: str | None = setting(None, "broker URL (redis://, rediss://, or amqp:// for RabbitMQ); default: "
+                                           "redis_url", flag="--broker")
     broker_url_file: str | None = setting(None, "read the broker URL from this file's first line; wins over "
                                                 "broker_url")
     checkpoint: str | None = setting(None, "checkpoint directory (required)")

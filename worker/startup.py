@@ -66,8 +66,37 @@ def preflight(settings: WorkerSettings) -> None:
     settings.validate()
     settings.resolved_model_name()  # reads the checkpoint's config.json
     check_redis(settings.redis_url, settings.redis_wait_s, "result store")
-    if settings.resolved_broker_url != settings.redis_url:
+    if keys.is_amqp_url(settings.resolved_broker_url):
+        check_amqp(settings.resolved_broker_url, settings.redis_wait_s)
+    elif settings.resolved_broker_url != settings.redis_url:
         check_redis(settings.resolved_broker_url, settings.redis_wait_s, "broker")
+
+
+def check_amqp(url: str, wait_s: float) -> None:
+    """Connect to RabbitMQ at `url`: wait up to `wait_s` for it to answer, but fail at once when it
+    refuses the credentials or the vhost (ConfigError naming the URL, password masked)."""
+    import amqp.exceptions
+    from kombu import Connection
+
+    where = f"RabbitMQ at {maybe_sanitize_url(url)} (broker)"
+    deadline = time.monotonic() + wait_s
+    last_log = 0.0
+    while True:
+        conn = Connection(url, connect_timeout=2)
+        try:
+            conn.connect()
+            return
+        except (amqp.exceptions.AccessRefused, amqp.exceptions.NotAllowed) as e:
+            raise ConfigError(f"{where} refuses the credentials or the vhost: {e}") from None
+        except (OSError, amqp.exceptions.AMQPError) as e:  # refused, reset, timed out: not up yet
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"{where} did not answer within {wait_s:g} s (redis_wait_s): {e}") from None
+            if time.monotonic() - last_log >= 10:
+                last_log = time.monotonic()
+                log.warning("waiting for %s: %s", where, e)
+        finally:
+            conn.release()
+        time.sleep(0.3)
 
 
 def check_redis(url: str, wait_s: float, role: str = "result store") -> None:
@@ -149,15 +178,23 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
         model = load_model(spec)
         device = ThreadDevice(pipeline, model, settings.resolved_precision, engine_settings.row_tokens or None)
         worst_s = worst_batch(model, pipeline=pipeline)
-    check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, worst_s)
     client = redis.Redis.from_url(settings.redis_url)
     store = ResultStore(client, settings.result_expires_s)
-    # the queues and the held records (kombu's unacked index) live in the broker; results, attempt
-    # counters, dead letters and heartbeats (read by `vela2 http`) in the result store
-    broker = redis.Redis.from_url(settings.resolved_broker_url)
+    # Results, attempt counters, dead letters and heartbeats (read by `vela2 http`) live in the result
+    # store, whatever the broker. The Redis-only machinery is chosen here, in one place: on a Redis
+    # broker the held records (kombu's unacked index, written by vela2.wire.taking) are renewed by the
+    # leases, released in bulk after the acks, and a message comes back after the visibility timeout,
+    # so the timeout must outlast a batch. RabbitMQ holds no such records: it redelivers a message
+    # when the channel that took it closes (a killed worker's connection drops), however long it was
+    # held, so there is nothing to renew, release or check.
+    broker: Any = None
+    if not keys.is_amqp_url(settings.resolved_broker_url):
+        check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, worst_s)
+        broker = redis.Redis.from_url(settings.resolved_broker_url)
     metrics = Metrics(row_tokens=settings.engine.row_tokens)
     metrics.describe_worker(model=model.name, device=settings.device, precision=settings.resolved_precision,
-                            redis=broker, queues=keys.queues(model.name),
+                            redis=broker, queues=keys.queues(model.name), amqp_url=None if broker is not None
+                            else settings.resolved_broker_url,
                             gpu_memory_source=(lambda: device.memory) if isinstance(device, ProcessDevice) else None)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.metrics_host)
@@ -165,7 +202,8 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     leases = Leases(broker, settings.visibility_timeout_s, progress=lambda: engine.progress,
                     heartbeat=(model.name, worker_id), beats=redis.Redis.from_url(settings.redis_url))
     engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored,
-                    leases=leases, release_held=partial(release_held, broker), cpu=cpu, device=device)
+                    leases=leases, release_held=partial(release_held, broker) if broker is not None else None,
+                    cpu=cpu, device=device)
     freeze_startup_objects()
     engine.start()
     leases.start()
