@@ -86,6 +86,7 @@ from pydantic import BaseModel
 
 from producer.aio import AsyncClient, BoundedPool, Busy
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing, Refusal
+from producer.brokers import AmqpPublisher
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, result_expired_error
 from vela2 import __version__
 from vela2.config import LIMITS
@@ -108,7 +109,7 @@ from vela2.redis_url import (
 )
 from vela2.schemas import ErrorInfo, Status
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, error_answer, parse_request, request_schema
-from vela2.wire.keys import HEARTBEAT_S, queue_name, workers_key
+from vela2.wire.keys import HEARTBEAT_S, is_amqp_url, queue_name, workers_key
 
 log = logging.getLogger(__name__)
 
@@ -251,9 +252,15 @@ def create_app(
         # Created inside the server's event loop: redis.asyncio connections belong to one loop.
         pool = BoundedPool.from_url(redis_url, max_connections=redis_connections, timeout=redis_wait_s)
         redis_client = aioredis.Redis(connection_pool=pool)
-        broker_pool = (BoundedPool.from_url(broker_url, max_connections=redis_connections, timeout=redis_wait_s)
-                       if broker_url else None)
-        broker = aioredis.Redis(connection_pool=broker_pool) if broker_pool else None
+        # the broker when it is not the result store: RabbitMQ (one confirming publisher), or a Redis
+        # pool as bounded as the result store's
+        broker: Any = None
+        broker_pool = None
+        if broker_url and is_amqp_url(broker_url):
+            broker = AmqpPublisher(broker_url)
+        elif broker_url:
+            broker_pool = BoundedPool.from_url(broker_url, max_connections=redis_connections, timeout=redis_wait_s)
+            broker = aioredis.Redis(connection_pool=broker_pool)
         state["client"] = AsyncClient(model=model, track_submitted=True, redis=redis_client, broker=broker)
         try:
             yield
@@ -263,7 +270,9 @@ def create_app(
             tenants.clear()
             await redis_client.aclose()
             await pool.disconnect()
-            if broker is not None and broker_pool is not None:
+            if isinstance(broker, AmqpPublisher):
+                broker.close()
+            elif broker is not None and broker_pool is not None:
                 await broker.aclose()
                 await broker_pool.disconnect()
 

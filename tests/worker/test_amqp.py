@@ -155,3 +155,27 @@ def test_the_async_client_publishes_with_confirms(redis_url, amqp_url, rabbitmq_
     ids = asyncio.run(go())
     assert ids == ["a-1", "a-2", "a-3", "a-4", "a-5"]
     assert rabbitmq_vhost.ready(ONLINE) == 1 and rabbitmq_vhost.ready(BACKFILL) == 2  # two chunks of two rows
+
+
+def test_unreachable_and_refusing_rabbitmq_end_the_worker_with_one_line(redis_server, rabbitmq_vhost, demo_dir):
+    import subprocess
+    import sys
+
+    from stack.harness import ROOT, child_env
+
+    def run(broker: str) -> subprocess.CompletedProcess:
+        env = child_env({"VELA2_BROKER_URL": broker})  # from the environment: no password in argv
+        return subprocess.run([sys.executable, "-m", "vela2.cli", "worker", "--checkpoint", str(demo_dir), "--redis",
+                               redis_server.url(), "--redis-wait-s", "1"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    gone = run("amqp://guest:s3cret@127.0.0.1:1/x")
+    assert gone.returncode == 2 and "s3cret" not in gone.stderr and "Traceback" not in gone.stderr
+    assert gone.stderr.strip().splitlines() == [
+        "vela2 worker: RabbitMQ at amqp://guest:**@127.0.0.1:1/x (broker) did not answer within 1 s (redis_wait_s): "
+        + gone.stderr.split("(redis_wait_s): ", 1)[-1].strip()]
+    refused = run(rabbitmq_vhost.url.replace("guest:guest", "guest:s3cret"))
+    assert refused.returncode == 2 and "s3cret" not in refused.stderr and "Traceback" not in refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith(f"vela2 worker: RabbitMQ at amqp://guest:**@127.0.0.1:5672/{rabbitmq_vhost.name} (broker) "
+                           "refuses the credentials or the vhost")
