@@ -12,6 +12,7 @@ from producer.client import Client
 from vela2.schemas import Status
 from vela2.wire.keys import attempts_key, backfill_queue, dead_letter, online_queue, result_key
 from worker.faults import TEST_CRASH_ENV, TEST_CRASH_EXIT, TEST_DELAY_ENV
+from worker.metrics import AmqpQueueDepthCollector
 
 MODEL = "vela2-demo"
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank"
@@ -155,6 +156,9 @@ def test_the_async_client_publishes_with_confirms(redis_url, amqp_url, rabbitmq_
     ids = asyncio.run(go())
     assert ids == ["a-1", "a-2", "a-3", "a-4", "a-5"]
     assert rabbitmq_vhost.ready(ONLINE) == 1 and rabbitmq_vhost.ready(BACKFILL) == 2  # two chunks of two rows
+    # the worker's queue-depth gauge reads the same (a passive declare per queue at scrape time)
+    [family] = AmqpQueueDepthCollector(amqp_url, [ONLINE, BACKFILL]).collect()
+    assert {s.labels["queue"]: s.value for s in family.samples} == {ONLINE: 1.0, BACKFILL: 2.0}
 
 
 def test_unreachable_and_refusing_rabbitmq_end_the_worker_with_one_line(redis_server, rabbitmq_vhost, demo_dir):
