@@ -92,15 +92,16 @@ def wait_for_redis(url: str, timeout_s: float = 20.0, proc: subprocess.Popen | N
 
 
 RABBITMQ_HOST_PORT = ("127.0.0.1", 5672)
+DEFAULT_RABBITMQ = f"amqp://guest:guest@{RABBITMQ_HOST_PORT[0]}:{RABBITMQ_HOST_PORT[1]}"
 
 
 class RabbitVhost:
     """A throwaway vhost on the local RabbitMQ (guest/guest), made and deleted with `rabbitmqctl`
     (root), so a test session or a fault suite run never meets another's queues."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, server: str = DEFAULT_RABBITMQ):
         self.name = name
-        self.url = f"amqp://guest:guest@{RABBITMQ_HOST_PORT[0]}:{RABBITMQ_HOST_PORT[1]}/{name}"
+        self.url = f"{server.rstrip('/')}/{name}"  # server: amqp://user:pw@host:port of the local RabbitMQ
 
     @staticmethod
     def unavailable() -> str | None:
@@ -114,12 +115,15 @@ class RabbitVhost:
         return None
 
     @classmethod
-    def create(cls) -> RabbitVhost:
-        """A new vhost named vela2-<pid>-<n>, guest given every permission on it."""
+    def create(cls, server: str = DEFAULT_RABBITMQ) -> RabbitVhost:
+        """A new vhost named vela2-<pid>-<n> on `server` (this host's RabbitMQ, amqp://user:pw@host:port),
+        its user given every permission on it."""
         import uuid
+        from urllib.parse import urlsplit
 
-        vhost = cls(f"vela2-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        for args in (["add_vhost", vhost.name], ["set_permissions", "-p", vhost.name, "guest", ".*", ".*", ".*"]):
+        vhost = cls(f"vela2-{os.getpid()}-{uuid.uuid4().hex[:8]}", server)
+        user = urlsplit(server).username or "guest"
+        for args in (["add_vhost", vhost.name], ["set_permissions", "-p", vhost.name, user, ".*", ".*", ".*"]):
             subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=120)
         return vhost
 
@@ -153,6 +157,12 @@ class RabbitVhost:
         with Connection(self.url, connect_timeout=5) as conn:
             for name in names:
                 conn.default_channel.queue_delete(name)
+
+    def drop_connections(self, why: str) -> None:
+        """Close every client connection of this vhost from the broker's side (what clients see when
+        RabbitMQ restarts; the server and its other vhosts keep running)."""
+        subprocess.run(["rabbitmqctl", "-q", "close_all_connections", "--vhost", self.name, "--limit", "1000", why],
+                       check=True, capture_output=True, timeout=120)
 
     def delete(self) -> None:
         """Delete the vhost and everything in it."""
