@@ -17,7 +17,7 @@ import json
 import threading
 from typing import Any
 
-from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS
+from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, is_amqp_url
 from vela2.wire.messages import Message
 
 PUBLISH_RETRIES = 3  # a publish whose connection broke is retried this often (kombu reconnects), then raises
@@ -77,8 +77,6 @@ class AmqpPublisher:
 def connect(broker_url: str | None, store: Any) -> Any:
     """The broker connection of a producer: an AmqpPublisher for amqp:// URLs, a redis-py client for
     another Redis, else `store` (the result store's client: one Redis for both)."""
-    from vela2.wire.keys import is_amqp_url
-
     if not broker_url:
         return store
     if is_amqp_url(broker_url):
