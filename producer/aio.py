@@ -29,6 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from producer.brokers import AmqpPublisher, queue_commands
 from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
@@ -42,14 +43,13 @@ from producer.client import (
     plan_submit,
     prepare_many,
     prepare_request,
-    queue_commands,
     read_claims,
     result_expired_error,
     unanswered,
 )
 from vela2.schemas import RowResult
 from vela2.wire import tracing
-from vela2.wire.keys import queue_name, submitted_key
+from vela2.wire.keys import is_amqp_url, queue_name, submitted_key
 from vela2.wire.messages import Message, deadline_to_expires
 from vela2.wire.results import (
     DEFAULT_SUBMITTED_TTL_S,
@@ -212,9 +212,17 @@ class AsyncClient:
         poll_min_s: float = POLL_MIN_S,
         poll_max_s: float = POLL_MAX_S,
         tenant: str | None = None,
+        broker_url: str | None = None,
+        broker: Any = None,
     ):
         self._owns_redis = redis is None  # aclose closes only a connection pool this client made
         self.redis = redis if redis is not None else aioredis.Redis.from_url(redis_url)
+        self._owns_broker = broker is None and bool(broker_url)
+        # the queues' broker: the result store's Redis unless the workers take from another broker
+        # (RabbitMQ: the blocking publisher, run in a thread)
+        self.broker = broker if broker is not None else (
+            (AmqpPublisher(broker_url) if is_amqp_url(broker_url) else aioredis.Redis.from_url(broker_url))
+            if broker_url else self.redis)
         self.model = model
         self.track_submitted = track_submitted
         self.submitted_ttl_s = submitted_ttl_s
@@ -226,7 +234,7 @@ class AsyncClient:
     def with_tenant(self, tenant: str | None) -> AsyncClient:
         """A client for `tenant` over this one's connection pool (its own poller; closing it leaves
         the pool open)."""
-        return AsyncClient(model=self.model, redis=self.redis, track_submitted=self.track_submitted,
+        return AsyncClient(model=self.model, redis=self.redis, broker=self.broker, track_submitted=self.track_submitted,
                            submitted_ttl_s=self.submitted_ttl_s, poll_min_s=self._poll[0],
                            poll_max_s=self._poll[1], tenant=tenant)
 
@@ -241,7 +249,10 @@ class AsyncClient:
         return queue_name(self.model, backfill=backfill)
 
     async def _push(self, messages: list[Message]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
+        if isinstance(self.broker, AmqpPublisher):
+            await asyncio.to_thread(self.broker.publish, messages)
+            return
+        pipe = self.broker.pipeline(transaction=False)
         queue_commands(pipe, messages)
         await pipe.execute()
 
@@ -359,7 +370,12 @@ class AsyncClient:
         return bool(await self.redis.ping())
 
     async def aclose(self) -> None:
-        """Stop the poller and release the connection pool (when this client made it)."""
+        """Stop the poller and release the connection pools (those this client made)."""
         await self.poller.aclose()
         if self._owns_redis:
             await self.redis.aclose()
+        if self._owns_broker:
+            if isinstance(self.broker, AmqpPublisher):
+                self.broker.close()
+            else:
+                await self.broker.aclose()

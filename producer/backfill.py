@@ -74,7 +74,14 @@ from producer.client import (
 )
 from vela2.config import LIMITS
 from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, Vela2Error
-from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
+from vela2.redis_url import (
+    BROKER_SCHEMES,
+    ENV_BROKER_URL,
+    ENV_REDIS_URL_FILE,
+    RESULT_STORE_SCHEMES,
+    check_url,
+    url_from_args,
+)
 from vela2.schemas import Status, error_result
 from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
 from vela2.wire.keys import HEARTBEAT_S, priority_lists, queue_name, result_key, workers_key
@@ -539,12 +546,21 @@ class _Backfill:
         return freed
 
     def _queue_depth(self) -> tuple[int, int]:
-        """(messages waiting on the model's backfill queue, live workers of the model) in one round trip."""
+        """(messages waiting on the model's backfill queue, live workers of the model): one round trip
+        when the queues sit in the result store's Redis; on another Redis broker two; on RabbitMQ the
+        depth is not read (-1: only the live workers tell)."""
+        broker = self.client.broker
         pipe = self.client.redis.pipeline(transaction=False)
-        for name in priority_lists(self.queue):
-            pipe.llen(name)
+        same = broker is self.client.redis
+        if same:
+            for name in priority_lists(self.queue):
+                pipe.llen(name)
         pipe.zcount(workers_key(self.client.model), time.time() - 3 * HEARTBEAT_S, "+inf")
         *depths, live = pipe.execute()
+        if not same and hasattr(broker, "llen"):  # another Redis
+            depths = [broker.llen(name) for name in priority_lists(self.queue)]
+        elif not same:
+            return -1, int(live)
         return sum(int(d) for d in depths), int(live)
 
     def _check_stall(self, now: float) -> None:
@@ -557,7 +573,7 @@ class _Backfill:
         since, before = self._stall
         if now - since < self.stall_warn_s:
             return
-        if depth >= before:
+        if depth >= before and (depth >= 0 or live == 0):  # depth -1: RabbitMQ, warn when no worker is live
             self._warned = True
             self.summary.stall_warnings += 1
             log.warning("no answer for %.0f s and the queue %s is not shrinking (%d messages, %d then): is a "
@@ -604,6 +620,7 @@ def run_backfill(
     tenant: str | None = None,
     retry: str | None = None,
     stall_warn_s: float = DEFAULT_STALL_WARN_S,
+    broker_url: str | None = None,
 ) -> BackfillSummary:
     """Score every request of IN through the queue into OUT (see the module docstring).
 
@@ -614,8 +631,14 @@ def run_backfill(
     rides out (default `timeout_s`), then RedisUnavailable. `tenant`: the ids are this tenant's
     (producer.client.Scope; OUT holds them as given). `retry`: "timeouts" or "errors", the lines of
     OUT scored again (module docstring). `stall_warn_s`: warn after this long without an answer
-    while the queue does not shrink. Returns the summary (also logged).
+    while the queue does not shrink. `broker_url`: the workers' broker when it is not the Redis at
+    `redis_url`. Returns the summary (also logged). A URL of the wrong scheme raises ConfigError
+    naming it (password masked) before anything is read.
     """
+    if redis is None:
+        check_url(redis_url, "result store", RESULT_STORE_SCHEMES)
+    if broker_url:
+        check_url(broker_url, "broker", BROKER_SCHEMES)
     if window < 1:
         raise InvalidRequest(f"window must be at least 1; got {window}")
     if chunk_size < 1:
@@ -626,7 +649,7 @@ def run_backfill(
     done, torn = scan_out(out_path)
     enabled = sys.stderr.isatty() if progress is None else progress
     bar = _progress_bar(enabled, count_lines(in_path) if enabled else None)
-    client = Client(redis_url, model=model, redis=redis, tenant=tenant)
+    client = Client(redis_url, model=model, redis=redis, tenant=tenant, broker_url=broker_url)
     writer = LineWriter(out_path)
     job = _Backfill(
         client, writer, window=window, chunk_size=chunk_size, timeout_s=timeout_s, deadline_s=deadline_s,
@@ -660,6 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
     ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
                     help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
+    ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
+                    help=f"the workers' broker URL when it is not the Redis of --redis (default ${ENV_BROKER_URL})")
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="model name (its queues)")
     ap.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="most rows in flight (backpressure)")
     ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="rows per queue message")
@@ -709,6 +734,7 @@ def main(argv: list[str] | None = None) -> int:
             tenant=args.tenant,
             retry=args.retry,
             stall_warn_s=args.stall_warn_s,
+            broker_url=args.broker,
         )
     except (InvalidRequest, LimitExceeded, ConfigError) as e:
         print(f"vela2 backfill: {e}", file=sys.stderr)

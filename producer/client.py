@@ -41,6 +41,7 @@ from typing import Any
 import redis as redis_lib
 from pydantic import BaseModel
 
+from producer import brokers
 from vela2.config import LIMITS
 from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
 from vela2.schemas import RowResult, Status, error_result, parse_row
@@ -247,12 +248,6 @@ def pack_messages(
     return out
 
 
-def queue_commands(pipe: Any, messages: list[Message]) -> None:
-    """Add the LPUSH of every message to a (sync or asyncio) pipeline."""
-    for m in messages:
-        pipe.lpush(m.queue, m.payload)
-
-
 @dataclass
 class Claims:
     """What CLAIM_SCRIPT said of each prepared request before it is queued."""
@@ -319,11 +314,13 @@ def plan_submit(items: list[tuple[str, Any]], claims: Claims, messages: list[Mes
 class Client:
     """Submit requests and read results over one Redis connection pool.
 
-    `redis_url`: the Redis that the workers of `model` use as broker and result store (ignored when
-    `redis` is given). `model`: the model served; it names the queues (`vela2.<model>` online,
-    `vela2.<model>.backfill`) and SystemOne requests must name it (else ModelMismatch). `redis`: a
-    ready client to use instead of one made from the URL: a `redis.Redis` (your own pool, TLS, a
-    Sentinel master) or, in tests, a `fakeredis.FakeRedis` (with Lua: ``pip install
+    `redis_url`: the Redis that the workers of `model` use as result store, and as broker unless
+    `broker_url` names another broker (the workers' `--broker`: another Redis, or RabbitMQ at an
+    amqp:// URL, see producer.brokers; `broker` replaces the connection made from it, as `redis` does
+    for the result store). `model`: the model served; it names the queues
+    (`vela2.<model>` online, `vela2.<model>.backfill`) and SystemOne requests must name it (else
+    ModelMismatch). `redis`: a ready client to use instead of one made from the URL: a `redis.Redis`
+    (your own pool, TLS, a Sentinel master) or, in tests, a `fakeredis.FakeRedis` (with Lua: ``pip install
     "vela2[testing]"``; see producer.testing). `track_submitted`: write the `vela2:submitted:<id>`
     marker at submit time (default on) so that `status` tells "pending" from "unknown" and an
     expired answer raises ResultExpired instead of a wait to the timeout; `submitted_ttl_s`: how
@@ -347,8 +344,12 @@ class Client:
         track_submitted: bool = True,
         submitted_ttl_s: int = DEFAULT_SUBMITTED_TTL_S,
         tenant: str | None = None,
+        broker_url: str | None = None,
+        broker: Any = None,
     ):
         self.redis = redis if redis is not None else redis_lib.Redis.from_url(redis_url)
+        # the queues' broker: the result store's Redis unless the workers take from another broker
+        self.broker = broker if broker is not None else brokers.connect(broker_url, self.redis)
         self.model = model
         self.scope = Scope(tenant)  # ids of a tenant never meet another's (see Scope)
         # Write vela2:submitted:<id> markers at submit time (with the push): without them an expired
@@ -368,10 +369,8 @@ class Client:
         return queue_name(self.model, backfill=backfill)
 
     def _push(self, messages: list[Message]) -> None:
-        """LPUSH every message in one round trip."""
-        pipe = self.redis.pipeline(transaction=False)
-        queue_commands(pipe, messages)
-        pipe.execute()
+        """Queue every message on the broker (Redis: one round trip; RabbitMQ: each confirmed)."""
+        brokers.push(self.broker, messages)
 
     def claim(self, items: list[tuple[str, Any]], queue: str) -> Claims:
         """Check prepared requests against what their ids already name, and mark them submitted (when
@@ -544,8 +543,10 @@ class Client:
         return bool(self.redis.ping())
 
     def close(self) -> None:
-        """Release the connection pool."""
+        """Release the connection pools."""
         self.redis.close()
+        if self.broker is not self.redis:
+            self.broker.close()
 
 
 __all__ = [

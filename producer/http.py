@@ -100,6 +100,7 @@ from pydantic import BaseModel, StringConstraints
 from producer import jobs
 from producer.aio import AsyncClient, BoundedPool, Busy, SyncBoundedPool
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing, Refusal
+from producer.brokers import AmqpPublisher
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, result_expired_error
 from producer.client import http_status as status_code
 from vela2 import __version__
@@ -114,11 +115,18 @@ from vela2.errors import (
     ResultExpired,
     Vela2Error,
 )
-from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
+from vela2.redis_url import (
+    BROKER_SCHEMES,
+    ENV_BROKER_URL,
+    ENV_REDIS_URL_FILE,
+    RESULT_STORE_SCHEMES,
+    check_url,
+    url_from_args,
+)
 from vela2.schemas import ErrorInfo
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, error_answer, parse_request, request_schema
 from vela2.wire import tracing
-from vela2.wire.keys import HEARTBEAT_S, queue_name, workers_key
+from vela2.wire.keys import HEARTBEAT_S, is_amqp_url, queue_name, workers_key
 
 log = logging.getLogger(__name__)
 
@@ -266,8 +274,10 @@ def create_app(
     redis_wait_s: float = DEFAULT_REDIS_WAIT_S,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    broker_url: str | None = None,
 ) -> FastAPI:
-    """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring).
+    """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring), queueing
+    on `broker_url` when the workers' broker is another Redis (as many connections again there).
     `max_batch_bytes`: the largest body of POST /v1/batches (it is held in memory while submitted).
     `keys`: the API keys callers must present (producer.auth); None serves without authentication
     (say so explicitly: `serve` allows it on loopback only). At most `redis_connections` Redis
@@ -287,7 +297,16 @@ def create_app(
         # Created inside the server's event loop: redis.asyncio connections belong to one loop.
         pool = BoundedPool.from_url(redis_url, max_connections=redis_connections, timeout=redis_wait_s)
         redis_client = aioredis.Redis(connection_pool=pool)
-        state["client"] = AsyncClient(model=model, track_submitted=True, redis=redis_client)
+        # the broker when it is not the result store: RabbitMQ (one confirming publisher), or a Redis
+        # pool as bounded as the result store's
+        broker: Any = None
+        broker_pool = None
+        if broker_url and is_amqp_url(broker_url):
+            broker = AmqpPublisher(broker_url)
+        elif broker_url:
+            broker_pool = BoundedPool.from_url(broker_url, max_connections=redis_connections, timeout=redis_wait_s)
+            broker = aioredis.Redis(connection_pool=broker_pool)
+        state["client"] = AsyncClient(model=model, track_submitted=True, redis=redis_client, broker=broker)
         try:
             yield
         finally:
@@ -297,6 +316,11 @@ def create_app(
             await redis_client.aclose()
             await pool.disconnect()
             sync_pool.disconnect()
+            if isinstance(broker, AmqpPublisher):
+                broker.close()
+            elif broker is not None and broker_pool is not None:
+                await broker.aclose()
+                await broker_pool.disconnect()
 
     app = FastAPI(
         title="Vela 2 SystemOne",
@@ -641,11 +665,16 @@ def serve(
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     headers_timeout_s: float = DEFAULT_HEADERS_TIMEOUT_S,
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    broker_url: str | None = None,
 ) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
-    `keys` None (no authentication) is refused unless `host` is a loopback address."""
+    `keys` None (no authentication) is refused unless `host` is a loopback address; a URL of the
+    wrong scheme raises ConfigError naming it (password masked)."""
     import uvicorn
 
+    check_url(redis_url, "result store", RESULT_STORE_SCHEMES)
+    if broker_url:
+        check_url(broker_url, "broker", BROKER_SCHEMES)
     if keys is None:
         if host not in LOOPBACK_HOSTS:
             raise ConfigError(f"--no-auth serves only on loopback ({', '.join(LOOPBACK_HOSTS)}); got --host {host}")
@@ -655,7 +684,7 @@ def serve(
                           "or --no-auth on loopback")
     app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
                      redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
-                     max_batch_bytes=max_batch_bytes)
+                     max_batch_bytes=max_batch_bytes, broker_url=broker_url)
     uvicorn.run(app, host=host, port=port, log_level=log_level, http=headers_timeout_protocol(headers_timeout_s))
 
 
@@ -724,6 +753,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
     ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
                     help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
+    ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
+                    help=f"the workers' broker URL when it is not the Redis of --redis (default ${ENV_BROKER_URL})")
     ap.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0 inside a container)")
     ap.add_argument("--port", type=int, default=DEFAULT_PORT)
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="the model served")
@@ -770,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
             body_timeout_s=args.body_timeout_s,
             headers_timeout_s=args.headers_timeout_s,
             max_batch_bytes=args.max_batch_bytes,
+            broker_url=args.broker,
         )
     except ConfigError as e:
         print(f"vela2 http: {e}", file=sys.stderr)

@@ -39,6 +39,7 @@ from typing import Any
 
 import redis.exceptions
 
+from producer import brokers
 from producer.backfill import ENV_MODEL, ENV_REDIS_URL
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, http_status, pack_messages, prepare_request
 from vela2.config import LIMITS
@@ -187,10 +188,13 @@ class _Submitter:
         pipe.expire(self.keys[1], self.ttl_s)
         pipe.hincrby(self.keys[0], "total", len(self.entries))
         pipe.hset(self.keys[0], "beat", _now())
-        for m in messages:
-            pipe.lpush(m.queue, m.payload)
+        same = self.client.broker is self.client.redis  # queues beside the job record: one round trip
+        if same:
+            brokers.queue_commands(pipe, messages)
         pipe.hget(self.keys[0], "cancel_at")
         replies = pipe.execute()
+        if not same:  # another broker (Redis or RabbitMQ): queued once the lines are registered
+            brokers.push(self.client.broker, messages)
         self.summary.queued += len(self.good)
         if self.answered:
             failed = [o for o in self.store.store(self.answered, jobs=[self.job] * len(self.answered))

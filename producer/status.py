@@ -23,7 +23,7 @@ import redis
 from kombu.utils.url import maybe_sanitize_url
 
 from producer.client import DEFAULT_REDIS_URL
-from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
+from vela2.redis_url import ENV_BROKER_URL, ENV_REDIS_URL_FILE, url_from_args
 from vela2.wire import fleet, keys
 
 ENV_REDIS_URL = "VELA2_REDIS_URL"  # the worker's and the producers' variable
@@ -45,20 +45,25 @@ def models_in(client: Any) -> list[str]:
     return sorted(m for m in found if m)
 
 
-def gather(client: Any, models: list[str] | None = None) -> dict[str, Any]:
-    """The status as JSON-able data: {"models": {name: {"queues", "dead", "workers"}}, "unacked"}."""
+def gather(client: Any, models: list[str] | None = None, broker: Any = None) -> dict[str, Any]:
+    """The status as JSON-able data: {"models": {name: {"queues", "dead", "workers"}}, "unacked"}.
+    `client`: the result store (dead letters, heartbeats); `broker`: the Redis the queues live in
+    (default `client`), or a RabbitMQ URL (ready messages only; "unacked" is then None)."""
+    broker = client if broker is None else broker
+    amqp = isinstance(broker, str)
     names = models or models_in(client)
     out: dict[str, Any] = {"at": time.time(), "models": {}}
-    unacked = 0
+    unacked: int | None = None
     for name in names:
-        depths = fleet.queue_depths(client, keys.queues(name))
-        unacked = depths[keys.UNACKED_KEY]
+        queues = keys.queues(name)
+        depths = fleet.amqp_queue_depths(broker, queues) if amqp else fleet.queue_depths(broker, queues)
+        unacked = depths.get(keys.UNACKED_KEY)
         out["models"][name] = {
             "queues": {"online": depths[keys.online_queue(name)], "backfill": depths[keys.backfill_queue(name)]},
             "dead": int(client.llen(keys.dead_letter(name))),
             "workers": fleet.live_workers(client, name),
         }
-    out["unacked"] = unacked if names else int(client.hlen(keys.UNACKED_KEY))
+    out["unacked"] = unacked if names or amqp else int(broker.hlen(keys.UNACKED_KEY))
     return out
 
 
@@ -85,7 +90,8 @@ def render(status: dict[str, Any]) -> str:
                 + (", ".join(f"{k} {v:,}" for k, v in sorted(answered.items())) or "none")
                 + (" | failures " + ", ".join(f"{k} {v:,}" for k, v in sorted(failures.items())) if failures else "")
             )
-    lines.append(f"held by workers of any model (unacked): {status['unacked']:,}")
+    held = status["unacked"]
+    lines.append(f"held by workers of any model (unacked): {'not told by RabbitMQ' if held is None else f'{held:,}'}")
     return "\n".join(lines)
 
 
@@ -96,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
     ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
                     help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
+    ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
+                    help=f"the workers' broker when it is not the Redis of --redis: another Redis, or RabbitMQ "
+                         f"(amqp://) (default ${ENV_BROKER_URL})")
     ap.add_argument("--model", action="append", default=None,
                     help="only this model (repeatable); default every model found in this Redis")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
@@ -108,10 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv,
                         logging.getLogger("vela2.status"))
     client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
+    broker: Any = None
+    if args.broker and keys.is_amqp_url(args.broker):
+        broker = args.broker
+    elif args.broker:
+        broker = redis.Redis.from_url(args.broker, socket_timeout=10, socket_connect_timeout=10)
     try:
-        status = gather(client, args.model)
+        status = gather(client, args.model, broker)
     except redis.exceptions.RedisError as e:
-        print(f"vela2 status: Redis at {maybe_sanitize_url(url)} did not answer: {e}", file=sys.stderr)
+        print(f"vela2 status: Redis at {maybe_sanitize_url(url)} (or the broker) did not answer: {e}", file=sys.stderr)
+        return EXIT_REDIS_UNAVAILABLE
+    except OSError as e:  # RabbitMQ refused or away (kombu raises socket errors)
+        print(f"vela2 status: the broker at {maybe_sanitize_url(args.broker)} did not answer: {e}", file=sys.stderr)
         return EXIT_REDIS_UNAVAILABLE
     print(json.dumps(status, indent=1) if args.json else render(status))
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -20,6 +21,7 @@ from typing import Any
 from producer.client import Client
 from stack.harness import WorkerProcess, embedded_redis
 from vela2.config import Vela2Config
+from vela2.redis_url import ENV_BROKER_URL, mask_url
 from vela2.wire.results import read_answers
 
 WORKER_START_TIMEOUT_S = 120.0  # model load + warm-up batch on a slow CPU
@@ -157,8 +159,10 @@ def _stats_line(stats: dict[str, Any] | None) -> str:
             f"{stats['messages_returned']} to the queue; {stats['batches']} batches")
 
 
-def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 4096, max_wait_ms: float = 10.0) -> int:
-    """Run the demo; returns 0 when every request was answered and the worker shut down cleanly."""
+def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 4096, max_wait_ms: float = 10.0,
+             broker_url: str | None = None) -> int:
+    """Run the demo; returns 0 when every request was answered and the worker shut down cleanly.
+    `broker_url`: queue on this broker instead of the embedded Redis (which still holds the results)."""
     with tempfile.TemporaryDirectory(prefix="vela2-demo-") as tmp:
         work = Path(tmp)
         if checkpoint is None:
@@ -169,7 +173,9 @@ def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 40
         model_name = Vela2Config.read(checkpoint).name
         with embedded_redis(work) as (url, what):
             print(f"redis: {what}")
-            worker = WorkerProcess.start(url, checkpoint, work / "worker.log", name="vela2-demo",
+            if broker_url:
+                print(f"broker: {mask_url(broker_url)}")
+            worker = WorkerProcess.start(url, checkpoint, work / "worker.log", name="vela2-demo", broker_url=broker_url,
                                          max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms)
             ids: list[str] = []
             answers: dict[str, Any] = {}
@@ -184,7 +190,7 @@ def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 40
 
                 about = Path(checkpoint) / DESCRIPTION_FILE
                 print(f"the model: {about.read_text().strip() if about.is_file() else model_name}")
-                client = Client(url, model=model_name)
+                client = Client(url, model=model_name, broker_url=broker_url)
                 online, bad, chunk = sample_requests(model_name)
                 t0 = time.monotonic()
                 ids = [client.submit(r) for r in online]
@@ -213,8 +219,10 @@ def main(argv: list[str]) -> int:
     """the main job: embedded Redis, a worker, sample requests of every kind, answers"""
     ap = argparse.ArgumentParser(prog="vela2 demo", description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", help="demo checkpoint to use (default: written to a temporary folder)")
+    ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
+                    help=f"queue on this broker (default ${ENV_BROKER_URL}; else the embedded Redis)")
     args = ap.parse_args(argv)
-    return run_demo(args.checkpoint)
+    return run_demo(args.checkpoint, broker_url=args.broker)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,84 @@ def wait_for_redis(url: str, timeout_s: float = 20.0, proc: subprocess.Popen | N
             client.close()
 
 
+RABBITMQ_HOST_PORT = ("127.0.0.1", 5672)
+DEFAULT_RABBITMQ = f"amqp://guest:guest@{RABBITMQ_HOST_PORT[0]}:{RABBITMQ_HOST_PORT[1]}"
+
+
+class RabbitVhost:
+    """A throwaway vhost on the local RabbitMQ (guest/guest), made and deleted with `rabbitmqctl`
+    (root), so a test session or a fault suite run never meets another's queues."""
+
+    def __init__(self, name: str, server: str = DEFAULT_RABBITMQ):
+        self.name = name
+        self.url = f"{server.rstrip('/')}/{name}"  # server: amqp://user:pw@host:port of the local RabbitMQ
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why no vhost can be made here (nothing on 127.0.0.1:5672, no rabbitmqctl), or None."""
+        if shutil.which("rabbitmqctl") is None:
+            return "rabbitmqctl is not installed (apt-get install rabbitmq-server); the AMQP tests need it"
+        try:
+            socket.create_connection(RABBITMQ_HOST_PORT, timeout=2).close()
+        except OSError as e:
+            return f"no RabbitMQ answers on {RABBITMQ_HOST_PORT[0]}:{RABBITMQ_HOST_PORT[1]} ({e}); .ci/run starts one"
+        return None
+
+    @classmethod
+    def create(cls, server: str = DEFAULT_RABBITMQ) -> RabbitVhost:
+        """A new vhost named vela2-<pid>-<n> on `server` (this host's RabbitMQ, amqp://user:pw@host:port),
+        its user given every permission on it."""
+        import uuid
+        from urllib.parse import urlsplit
+
+        vhost = cls(f"vela2-{os.getpid()}-{uuid.uuid4().hex[:8]}", server)
+        user = urlsplit(server).username or "guest"
+        for args in (["add_vhost", vhost.name], ["set_permissions", "-p", vhost.name, user, ".*", ".*", ".*"]):
+            subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=120)
+        return vhost
+
+    def queues(self) -> dict[str, dict[str, str]]:
+        """Every queue of the vhost: name -> {type, messages_ready, messages_unacknowledged, consumers}
+        (rabbitmqctl: seconds per call, not for a polling loop; a quorum queue's counts lag by its
+        stats interval, so read them with `ready`)."""
+        fields = ["name", "type", "messages_ready", "messages_unacknowledged", "consumers"]
+        out = subprocess.run(["rabbitmqctl", "-q", "list_queues", "-p", self.name, "--no-table-headers", *fields],
+                             check=True, capture_output=True, text=True, timeout=120).stdout
+        rows = [line.split("\t") for line in out.splitlines() if line.strip()]
+        return {r[0]: dict(zip(fields[1:], r[1:], strict=True)) for r in rows if len(r) == len(fields)}
+
+    def ready(self, queue: str) -> int:
+        """Messages ready (not delivered) in `queue`, by a passive declare (fast); 0 when it does not exist."""
+        from kombu import Connection
+
+        with Connection(self.url, connect_timeout=5) as conn:
+            try:
+                return int(conn.default_channel.queue_declare(queue, passive=True).message_count)
+            except Exception as e:  # NOT_FOUND closes the channel: no such queue yet
+                if "NOT_FOUND" in str(e):
+                    return 0
+                raise
+
+    def delete_queues(self) -> None:
+        """Delete every queue of the vhost (between tests)."""
+        from kombu import Connection
+
+        names = list(self.queues())
+        with Connection(self.url, connect_timeout=5) as conn:
+            for name in names:
+                conn.default_channel.queue_delete(name)
+
+    def drop_connections(self, why: str) -> None:
+        """Close every client connection of this vhost from the broker's side (what clients see when
+        RabbitMQ restarts; the server and its other vhosts keep running)."""
+        subprocess.run(["rabbitmqctl", "-q", "close_all_connections", "--vhost", self.name, "--limit", "1000", why],
+                       check=True, capture_output=True, timeout=120)
+
+    def delete(self) -> None:
+        """Delete the vhost and everything in it."""
+        subprocess.run(["rabbitmqctl", "-q", "delete_vhost", self.name], capture_output=True, timeout=120)
+
+
 class RedisServer:
     """A redis-server on 127.0.0.1 in its own directory. `stop()` then `start()` keeps port and
     data (with `aof`, the append-only file, fsync every second, as production runs). Writes fail

@@ -26,12 +26,12 @@ import pytest  # noqa: E402
 import producer  # noqa: E402,F401
 import vela2  # noqa: E402,F401
 import worker  # noqa: E402,F401
-from stack.harness import RedisServer, find_redis_server  # noqa: E402
+from stack.harness import RabbitVhost, RedisServer, find_redis_server  # noqa: E402
 
 # A test that uses one of these fixtures starts a process (redis-server, a worker, an HTTP server):
 # it is marked `integration`, so `pytest -m "not integration"` is the fast loop.
 PROCESS_FIXTURES = {"redis_server", "redis_url", "redis_server_factory", "start_worker", "real_worker",
-                    "http_server", "fake_worker"}
+                    "http_server", "fake_worker", "amqp_url"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -113,3 +113,25 @@ def demo_model(demo_dir: Path):
     import torch
 
     return vela2.load(demo_dir, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_vhost() -> Iterator[RabbitVhost]:
+    """A throwaway vhost on the RabbitMQ at 127.0.0.1:5672 (stack.harness.RabbitVhost), deleted at
+    the end of the session. Without a RabbitMQ answering there the AMQP tests fail when CI is set
+    (.ci/run starts one) and are skipped elsewhere."""
+    problem = RabbitVhost.unavailable()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(problem)
+        pytest.skip(problem)
+    vhost = RabbitVhost.create()
+    yield vhost
+    vhost.delete()
+
+
+@pytest.fixture
+def amqp_url(rabbitmq_vhost: RabbitVhost) -> Iterator[str]:
+    """The session vhost's amqp:// URL for one test; the queues it leaves are deleted after it."""
+    yield rabbitmq_vhost.url
+    rabbitmq_vhost.delete_queues()

@@ -37,6 +37,8 @@ STANDARD_ENV = {
     "NVIDIA_DRIVER_CAPABILITIES",
     "NVIDIA_VISIBLE_DEVICES",
     "PIP_DISABLE_PIP_VERSION_CHECK",
+    "RABBITMQ_DEFAULT_PASS",  # the official rabbitmq image's first user
+    "RABBITMQ_DEFAULT_USER",
     "PIP_NO_CACHE_DIR",
     "PYTHONDONTWRITEBYTECODE",
     "PYTHONUNBUFFERED",
@@ -548,3 +550,35 @@ def test_launcher_health_probes_every_worker(fakes):
         server.shutdown()
         server.server_close()
     assert health("0") == 1
+
+
+def test_keda_scaledobject_for_rabbitmq():
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "keda-scaledobject-rabbitmq.yaml").read_text()) if d]
+    [so] = [d for d in docs if d["kind"] == "ScaledObject"]
+    [auth] = [d for d in docs if d["kind"] == "TriggerAuthentication"]
+    [secret] = [d for d in docs if d["kind"] == "Secret"]
+    redis_docs = yaml.safe_load_all((ROOT / "deploy" / "keda-scaledobject.yaml").read_text())
+    [dep] = [d for d in redis_docs if d and d["kind"] == "Deployment"]
+    assert so["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+    triggers = so["spec"]["triggers"]
+    queues = {t["metadata"]["queueName"]: t for t in triggers if t["type"] == "rabbitmq"}
+    assert set(queues) == {online_queue(DEMO_MODEL), backfill_queue(DEMO_MODEL)} and len(triggers) == 2
+    for t in queues.values():
+        # over http (the management API) QueueLength counts unacked messages too; over amqp it would not
+        assert t["metadata"]["protocol"] == "http" and t["metadata"]["mode"] == "QueueLength"
+        assert int(t["metadata"]["value"]) > 0 and t["authenticationRef"]["name"] == auth["metadata"]["name"]
+    [ref] = auth["spec"]["secretTargetRef"]
+    assert ref["parameter"] == "host" and ref["name"] == secret["metadata"]["name"]
+    assert secret["stringData"][ref["key"]].startswith("http://")
+    assert secret["stringData"]["amqp-url"].startswith("amqp://")
+    mods = so["spec"]["advanced"]["scalingModifiers"]
+    assert set(re.findall(r"[A-Za-z_]\w*", mods["formula"])) == {t["name"] for t in triggers}
+
+
+def test_the_rabbitmq_profile(compose):
+    rabbit = compose["services"]["rabbitmq"]
+    assert rabbit["profiles"] == ["rabbitmq"] and rabbit["image"].startswith("rabbitmq:")
+    assert rabbit["volumes"][0].split(":")[0] in compose["volumes"]  # durable: a named volume
+    assert all(not p.startswith(("5672", "0.0.0.0")) for p in rabbit.get("ports", []))  # only the UI, on loopback
+    for name in ("worker", "http"):  # the broker URL reaches both from the environment, never argv
+        assert "VELA2_BROKER_URL" in compose["services"][name]["environment"], name

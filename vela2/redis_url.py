@@ -1,4 +1,5 @@
-"""Where a Redis URL comes from, so that its password stays off the command line.
+"""Where a Redis (or broker) URL comes from, so that its password stays off the command line, and how
+one is checked and shown (password masked) before anything connects to it.
 
 A URL given as `--redis redis://:PASSWORD@host` sits in /proc/<pid>/cmdline, readable by every
 user of the host. The worker, `vela2 backfill` and `vela2 http` also take it from the environment
@@ -10,11 +11,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from vela2.errors import ConfigError
+from vela2.wire.keys import AMQP_SCHEMES
 
 ENV_REDIS_URL_FILE = "VELA2_REDIS_URL_FILE"
+# The broker's URL when it is not the result store's (worker.settings declares the worker's setting of
+# the same name; the producer commands read this variable).
+ENV_BROKER_URL = "VELA2_BROKER_URL"
+RESULT_STORE_SCHEMES = ("redis", "rediss", "unix")
+BROKER_SCHEMES = ("redis", "rediss", *AMQP_SCHEMES)
 PASSWORD_IN_ARGV = ("a Redis password is given on the command line, where every user of this host can read it "
                     "(/proc/<pid>/cmdline); pass the URL in VELA2_REDIS_URL or a file (--redis-url-file)")
 
@@ -38,6 +45,38 @@ def has_password(url: str) -> bool:
     except ValueError:
         return False
     return bool(parts.password) or "password=" in parts.query
+
+
+def mask_url(url: str) -> str:
+    """`url` as it may be logged: a password in it (user:PASSWORD@, ?password=) replaced by `**` (as kombu shows it)."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password:
+            userinfo, _, hostport = netloc.rpartition("@")
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:**@{hostport}"
+        query = "&".join(("password=**" if q.startswith("password=") else q) for q in parts.query.split("&"))
+        return urlunsplit((parts.scheme, netloc, parts.path, query if parts.query else "", parts.fragment))
+    except ValueError:  # not parseable as a URL: show none of it but its scheme
+        return url.split(":", 1)[0] + "://***"
+
+
+def check_url(url: str, what: str, schemes: tuple[str, ...]) -> str:
+    """`url` when its scheme is one of `schemes` and it names a host (or, for unix://, a path); else
+    ConfigError naming `what` and the URL, password masked."""
+    try:
+        parts = urlsplit(url)
+        host_ok = bool(parts.path) if parts.scheme == "unix" else bool(parts.hostname)
+        parts.port  # noqa: B018 (raises ValueError on a bad port)
+    except ValueError as e:
+        raise ConfigError(f"the {what} URL {mask_url(url)!r} is not a valid URL: {e}") from None
+    if parts.scheme not in schemes:
+        raise ConfigError(f"the {what} URL {mask_url(url)!r} has scheme {parts.scheme or '(none)'!r}; "
+                          f"expected one of {', '.join(s + '://' for s in schemes)}")
+    if not host_ok:
+        raise ConfigError(f"the {what} URL {mask_url(url)!r} names no host")
+    return url
 
 
 _warned: set[tuple[str, ...]] = set()

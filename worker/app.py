@@ -3,10 +3,12 @@
     celery -A worker.app worker                 # settings from VELA2_* environment variables
     vela2 worker --checkpoint DIR ...           # the CLI builds WorkerSettings and calls run_worker()
 
-Redis is broker and result backend. JSON only. One queue per model (`vela2.<model>`) drained
-before its backfill queue (`vela2.<model>.backfill`): kombu's `queue_order_strategy=priority`
-BRPOPs the queues in the listed order. Pool solo, one process per device: the `vela2.score`
-task's Strategy hands every message to the engine (worker.engine) instead of the pool, and the
+The broker (`broker_url`, default the result store's `redis_url`) carries the messages; the result
+backend (`redis_url`) holds the results. JSON only. One queue per model (`vela2.<model>`) drained
+before its backfill queue (`vela2.<model>.backfill`): on Redis kombu's `queue_order_strategy=priority`
+BRPOPs the queues in the listed order; on RabbitMQ (quorum queues) each queue has its own consumer
+and prefetch credit, and the engine runs held online requests first. Pool solo, one process per
+device: the `vela2.score` task's Strategy hands every message to the engine (worker.engine) instead of the pool, and the
 engine acks a message only after all its results are stored. The prefetch count (max_buffered)
 bounds what the engine holds; at start the worker measures its worst batch and refuses to run
 when the visibility timeout could expire on a message it still holds.
@@ -134,16 +136,24 @@ class EngineStep(bootsteps.StartStopStep):
 def create_app(settings: WorkerSettings | None = None) -> Celery:
     """The Celery app of a worker with these settings (from the environment when None)."""
     settings = settings or WorkerSettings.from_env()
-    app = Celery("vela2", broker=settings.redis_url, backend=settings.redis_url, set_as_current=False)
+    broker_url = settings.resolved_broker_url
+    app = Celery("vela2", broker=broker_url, backend=settings.redis_url, set_as_current=False)
     try:
         model_name: str | None = settings.resolved_model_name()
     except Vela2Error as e:  # no checkpoint yet: fine for inspecting; the worker refuses to start
         log.debug("no model name yet: %s", e)
         model_name = None
     queues = keys.queues(model_name) if model_name else []
-    if settings.redis_url.startswith(("redis://", "rediss://")):
+    amqp = keys.is_amqp_url(broker_url)
+    if broker_url.startswith(("redis://", "rediss://")):
         app.conf.broker_transport = "worker.broker:RedisTransport"  # triaged items, writes retried
-        app.conf.broker_use_ssl = ssl_options(settings.redis_url)
+        app.conf.broker_use_ssl = ssl_options(broker_url)
+    # RabbitMQ: durable quorum queues (Celery then sets a per-consumer prefetch, the only kind quorum
+    # queues have); the online and the backfill queue are two consumers with a credit each, so each
+    # gets half of max_buffered: what the engine holds stays within it, and a backfill backlog never
+    # takes the credit online messages need (the engine runs online batches first among those held)
+    queue_args = {"durable": True, "queue_arguments": keys.AMQP_QUEUE_ARGUMENTS} if amqp else {}
+    prefetch = max(1, settings.max_buffered // len(queues)) if amqp and queues else settings.max_buffered
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -153,12 +163,12 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
         task_reject_on_worker_lost=True,
         worker_pool="solo",
         worker_concurrency=1,
-        worker_prefetch_multiplier=settings.max_buffered,
-        broker_transport_options=settings.transport_options(),
+        worker_prefetch_multiplier=prefetch,
+        broker_transport_options={} if amqp else settings.transport_options(),
         broker_connection_retry_on_startup=True,
         result_expires=settings.result_expires_s,
         worker_send_task_events=bool(settings.task_events),
-        task_queues=[Queue(q, routing_key=q) for q in queues] or None,
+        task_queues=[Queue(q, routing_key=q, **queue_args) for q in queues] or None,
         task_default_queue=queues[0] if queues else "celery",
         task_create_missing_queues=True,
     )

@@ -35,12 +35,14 @@ _CHUNK = 1000  # tags per ZADD
 class Leases:
     """The delivery tags an engine holds, renewed from a thread of their own."""
 
-    def __init__(self, redis: Any, visibility_timeout_s: float, progress: Callable[[], float] | None = None,
+    def __init__(self, redis: Any | None, visibility_timeout_s: float, progress: Callable[[], float] | None = None,
                  clock: Callable[[], float] = time.monotonic, heartbeat: tuple[str, str] | None = None,
-                 describe: Callable[[], dict[str, Any]] | None = None):
-        self.redis = redis
-        # (model name, worker id): beat into keys.workers_key(model) while the engine makes progress
+                 beats: Any = None, describe: Callable[[], dict[str, Any]] | None = None):
+        self.redis = redis  # the Redis broker: its unacked index is renewed (None: RabbitMQ, nothing to renew)
+        # (model name, worker id): beat into keys.workers_key(model) while the engine makes progress,
+        # in `beats` (the result store, where `vela2 http` reads them; default the broker's Redis)
         self.heartbeat = heartbeat
+        self.beats: Any = redis if beats is None else beats
         self.describe = describe  # the worker's description, written with every beat (keys.worker_info_key)
         self.beat_error: str | None = None  # why the last heartbeat failed (None: it went through)
         self.visibility_timeout_s = float(visibility_timeout_s)
@@ -73,8 +75,8 @@ class Leases:
             self._thread.join(5)
         if self.heartbeat is not None:  # a worker that stops is not ready any more
             try:
-                self.redis.zrem(keys.workers_key(self.heartbeat[0]), self.heartbeat[1])
-                self.redis.delete(keys.worker_info_key(*self.heartbeat))
+                self.beats.zrem(keys.workers_key(self.heartbeat[0]), self.heartbeat[1])
+                self.beats.delete(keys.worker_info_key(*self.heartbeat))
             except Exception as e:  # Redis away: the beat goes stale on its own
                 log.warning("removing the heartbeat failed: %s", e)
 
@@ -84,7 +86,7 @@ class Leases:
             return
         model, worker_id = self.heartbeat
         now = time.time()
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.beats.pipeline(transaction=False)
         pipe.zadd(keys.workers_key(model), {worker_id: now})
         pipe.zremrangebyscore(keys.workers_key(model), "-inf", now - 60 * keys.HEARTBEAT_S)
         if self.describe is not None:
@@ -100,7 +102,7 @@ class Leases:
         """Re-score every held message to now (one pipelined round trip); returns how many."""
         with self._lock:
             tags = list(self._tags)
-        if not tags:
+        if not tags or self.redis is None:
             return 0
         now = time.time()  # kombu scores with wall-clock time
         pipe = self.redis.pipeline(transaction=False)

@@ -92,6 +92,27 @@ class JobsCollector(Collector):
         yield g
 
 
+class AmqpQueueDepthCollector(Collector):
+    """`vela2_queue_depth{queue}` of RabbitMQ queues at scrape time: each queue's ready messages (a
+    passive declare). Messages delivered and not yet acked are not in it (AMQP does not tell them;
+    RabbitMQ's management API or its Prometheus plugin does, as messages_unacknowledged)."""
+
+    def __init__(self, url: str, queues: list[str]):
+        self.url = url
+        self.queues = queues
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily("vela2_queue_depth", "Messages ready in RabbitMQ, by queue", labels=["queue"])
+        try:
+            depths = fleet.amqp_queue_depths(self.url, self.queues)
+        except Exception as e:  # a scrape must not fail because the broker is away; the gauge is just absent
+            log.warning("queue depth unavailable: %s", e)
+            return
+        for q in self.queues:
+            g.add_metric([q], float(depths[q]))
+        yield g
+
+
 def gpu_memory(device: str) -> dict[str, float] | None:
     """This process's CUDA memory on `device` (bytes: allocated, reserved, peak, total), or None
     off CUDA. Host-side counters: no sync, cheap enough to read after every batch."""
@@ -156,12 +177,15 @@ class Metrics:
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
 
     def describe_worker(self, *, model: str, device: str, precision: str, redis: Any, queues: list[str],
-                        gpu_memory_source: Callable[[], dict[str, float] | None] | None = None) -> None:
-        """Label this worker and register the scrape-time collectors (queue depth, jobs by status, GPU
-        memory: by default this process's own)."""
+                        gpu_memory_source: Callable[[], dict[str, float] | None] | None = None,
+                        amqp_url: str | None = None, store: Any = None) -> None:
+        """Label this worker and register the scrape-time collectors (queue depth: of the Redis broker
+        `redis`, or of RabbitMQ at `amqp_url`; jobs by status: in the result store `store`, default
+        `redis`; GPU memory: by default this process's own)."""
         self.info.labels(model, device, precision).set(1)
-        self.registry.register(QueueDepthCollector(redis, queues))
-        self.registry.register(JobsCollector(redis, model))
+        self.registry.register(AmqpQueueDepthCollector(amqp_url, queues) if amqp_url
+                               else QueueDepthCollector(redis, queues))
+        self.registry.register(JobsCollector(redis if store is None else store, model))
         self.registry.register(GpuMemoryCollector(device, gpu_memory_source or partial(gpu_memory, device)))
 
     def padded_tokens(self, tokens: list[int]) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 from vela2.config import DEFAULT_MAX_BATCH_TOKENS, LIMITS, PRECISIONS, Vela2Config, default_precision
 from vela2.errors import ConfigError
-from vela2.redis_url import read_url_file
+from vela2.redis_url import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url, read_url_file
 from vela2.wire.results import DEFAULT_RESULT_EXPIRES_S
 from worker.logs import LOG_FORMATS
 
@@ -57,9 +57,15 @@ class EngineSettings:
 class WorkerSettings:
     """Everything a worker process needs; `from_env()` reads the VELA2_* variables."""
 
-    redis_url: str = setting("redis://127.0.0.1:6379/0", "broker and result backend URL", flag="--redis")
+    redis_url: str = setting("redis://127.0.0.1:6379/0", "result store URL (results, attempt counters, dead "
+                                                        "letters, heartbeats); also the broker unless broker_url",
+                             flag="--redis")
     redis_url_file: str | None = setting(None, "read the Redis URL from this file's first line (keeps a password "
                                                "off the command line); wins over redis_url")
+    broker_url: str | None = setting(None, "broker URL (redis://, rediss://, or amqp:// for RabbitMQ); default: "
+                                           "redis_url", flag="--broker")
+    broker_url_file: str | None = setting(None, "read the broker URL from this file's first line; wins over "
+                                                "broker_url")
     checkpoint: str | None = setting(None, "checkpoint directory (required)")
     device: str = setting("cpu", "cuda:0, cpu, ...: one worker process per device")
     dtype: str | None = setting(None, "backbone dtype; default float32 for fp32, else bfloat16", choices=DTYPES)
@@ -108,6 +114,8 @@ class WorkerSettings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         if values.get("redis_url_file"):
             values["redis_url"] = read_url_file(values["redis_url_file"])
+        if values.get("broker_url_file"):
+            values["broker_url"] = read_url_file(values["broker_url_file"])
         return cls.from_flat(values)
 
     @classmethod
@@ -116,6 +124,11 @@ class WorkerSettings:
         engine_names = {f.name for f in fields(EngineSettings)}
         engine = EngineSettings(**{k: v for k, v in values.items() if k in engine_names})
         return cls(**{k: v for k, v in values.items() if k not in engine_names}, engine=engine)
+
+    @property
+    def resolved_broker_url(self) -> str:
+        """The broker's URL: broker_url, else the result store's (one Redis for both)."""
+        return self.broker_url or self.redis_url
 
     @property
     def resolved_precision(self) -> str:
@@ -156,7 +169,10 @@ class WorkerSettings:
         return self.device.startswith("cuda")
 
     def validate(self) -> None:
-        """Raise ConfigError naming the first inconsistent setting."""
+        """Raise ConfigError naming the first inconsistent setting (a URL of the wrong scheme included,
+        its password masked)."""
+        check_url(self.redis_url, "result store", RESULT_STORE_SCHEMES)
+        check_url(self.resolved_broker_url, "broker", BROKER_SCHEMES)
         for spec in specs():
             value = spec.get(self)
             if spec.choices and value is not None and value not in spec.choices:

@@ -62,22 +62,55 @@ def exit_on_start_failure(e: BaseException) -> None:
 
 def preflight(settings: WorkerSettings) -> None:
     """What can be checked before Celery starts, so `vela2 worker` fails fast with one clear line:
-    the settings, the checkpoint's config, and Redis (reachable within redis_wait_s, and the
-    password accepted); warns when a Redis password sits in argv. Raises ConfigError / CheckpointError."""
+    the settings (URL schemes included), the checkpoint's config, and the result store and the broker
+    (each reachable within redis_wait_s, and the password accepted); warns when a password sits in
+    argv. Raises ConfigError / CheckpointError."""
     warn_if_password_in_argv(sys.argv[1:], log)
     settings.validate()
     settings.resolved_model_name()  # reads the checkpoint's config.json
-    check_redis(settings.redis_url, settings.redis_wait_s)
+    check_redis(settings.redis_url, settings.redis_wait_s, "result store")
+    if keys.is_amqp_url(settings.resolved_broker_url):
+        check_amqp(settings.resolved_broker_url, settings.redis_wait_s)
+    elif settings.resolved_broker_url != settings.redis_url:
+        check_redis(settings.resolved_broker_url, settings.redis_wait_s, "broker")
 
 
-def check_redis(url: str, wait_s: float) -> None:
-    """PING Redis: wait up to `wait_s` for it to answer (it may start after the worker), but fail
-    at once (after a few quick tries) when it refuses the credentials, and when it is older than
-    the queues need (vela2.wire.taking.MIN_REDIS_VERSION)."""
+def check_amqp(url: str, wait_s: float) -> None:
+    """Connect to RabbitMQ at `url`: wait up to `wait_s` for it to answer, but fail at once when it
+    refuses the credentials or the vhost (ConfigError naming the URL, password masked)."""
+    import amqp.exceptions
+    from kombu import Connection
+
+    where = f"RabbitMQ at {maybe_sanitize_url(url)} (broker)"
+    deadline = time.monotonic() + wait_s
+    last_log = 0.0
+    while True:
+        conn = Connection(url, connect_timeout=2)
+        try:
+            conn.connect()
+            return
+        except (amqp.exceptions.AccessRefused, amqp.exceptions.NotAllowed) as e:
+            raise ConfigError(f"{where} refuses the credentials or the vhost: {e}") from None
+        except (OSError, amqp.exceptions.AMQPError) as e:  # refused, reset, timed out: not up yet
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"{where} did not answer within {wait_s:g} s (redis_wait_s): {e}") from None
+            if time.monotonic() - last_log >= 10:
+                last_log = time.monotonic()
+                log.warning("waiting for %s: %s", where, e)
+        finally:
+            conn.release()
+        time.sleep(0.3)
+
+
+def check_redis(url: str, wait_s: float, role: str = "result store") -> None:
+    """PING the Redis that serves as `role` (named in every error, with its URL): wait up to `wait_s`
+    for it to answer (it may start after the worker), but fail at once (after a few quick tries) when
+    it refuses the credentials, and when it is older than the queues need (vela2.wire.taking.MIN_REDIS_VERSION)."""
     import redis
 
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
     deadline = time.monotonic() + wait_s
+    where = f"Redis at {maybe_sanitize_url(url)} ({role})"
     auth_tries = 0
     last_log = 0.0
     try:
@@ -90,25 +123,25 @@ def check_redis(url: str, wait_s: float) -> None:
                     version = ""
                 problem = taking.version_problem(version)
                 if problem:
-                    raise ConfigError(f"{problem} (at {maybe_sanitize_url(url)})")
+                    raise ConfigError(f"{problem} (at {maybe_sanitize_url(url)}, {role})")
                 return
             except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
                     redis.exceptions.NoPermissionError) as e:
                 auth_tries += 1
                 if auth_tries >= _AUTH_TRIES:
-                    raise ConfigError(f"Redis at {maybe_sanitize_url(url)} refuses the credentials: {e}") from None
+                    raise ConfigError(f"{where} refuses the credentials: {e}") from None
             except redis.exceptions.ResponseError as e:
                 if "NOAUTH" in str(e) or "WRONGPASS" in str(e):
-                    raise ConfigError(f"Redis at {maybe_sanitize_url(url)} refuses the credentials: {e}") from None
-                raise ConfigError(f"Redis at {maybe_sanitize_url(url)} answers PING with an error: {e}") from None
+                    raise ConfigError(f"{where} refuses the credentials: {e}") from None
+                raise ConfigError(f"{where} answers PING with an error: {e}") from None
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                     redis.exceptions.BusyLoadingError) as e:
                 if time.monotonic() >= deadline:
-                    raise ConfigError(f"Redis at {maybe_sanitize_url(url)} did not answer within {wait_s:g} s "
+                    raise ConfigError(f"{where} did not answer within {wait_s:g} s "
                                       f"(redis_wait_s): {e}") from None
                 if time.monotonic() - last_log >= 10:
                     last_log = time.monotonic()
-                    log.warning("waiting for Redis at %s: %s", maybe_sanitize_url(url), e)
+                    log.warning("waiting for the %s Redis at %s: %s", role, maybe_sanitize_url(url), e)
             time.sleep(0.3)
     finally:
         client.close()
@@ -153,12 +186,23 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
         model = load_model(spec)
         device = ThreadDevice(pipeline, model, settings.resolved_precision, engine_settings.row_tokens or None)
         worst_s = worst_batch(model, pipeline=pipeline)
-    check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, worst_s)
     client = redis.Redis.from_url(settings.redis_url)
     store = ResultStore(client, settings.result_expires_s)
+    # Results, attempt counters, dead letters and heartbeats (read by `vela2 http`) live in the result
+    # store, whatever the broker. The Redis-only machinery is chosen here, in one place: on a Redis
+    # broker the held records (kombu's unacked index, written by vela2.wire.taking) are renewed by the
+    # leases, released in bulk after the acks, and a message comes back after the visibility timeout,
+    # so the timeout must outlast a batch. RabbitMQ holds no such records: it redelivers a message
+    # when the channel that took it closes (a killed worker's connection drops), however long it was
+    # held, so there is nothing to renew, release or check.
+    broker: Any = None
+    if not keys.is_amqp_url(settings.resolved_broker_url):
+        check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, worst_s)
+        broker = redis.Redis.from_url(settings.resolved_broker_url)
     metrics = Metrics(row_tokens=settings.engine.row_tokens)
     metrics.describe_worker(model=model.name, device=settings.device, precision=settings.resolved_precision,
-                            redis=client, queues=keys.queues(model.name),
+                            redis=broker, queues=keys.queues(model.name), amqp_url=None if broker is not None
+                            else settings.resolved_broker_url, store=client,
                             gpu_memory_source=(lambda: device.memory) if isinstance(device, ProcessDevice) else None)
     health = Health(model.name, digest)
     if settings.metrics_port:
@@ -166,12 +210,13 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     worker_id = f"{socket.gethostname()}:{os.getpid()}:{settings.device}"
     describe = Description(worker_id, model.name, settings.device, settings.resolved_precision, digest,
                            lambda: engine, metrics)
-    leases = Leases(redis.Redis.from_url(settings.redis_url), settings.visibility_timeout_s,
-                    progress=lambda: engine.progress, heartbeat=(model.name, worker_id), describe=describe)
-    broker = redis.Redis.from_url(settings.redis_url)
+    leases = Leases(broker, settings.visibility_timeout_s, progress=lambda: engine.progress,
+                    heartbeat=(model.name, worker_id), beats=redis.Redis.from_url(settings.redis_url),
+                    describe=describe)
     traced = WorkerTracing(model.name, digest) if tracing.configure("vela2-worker") else None
     engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored,
-                    leases=leases, release_held=partial(release_held, broker), cpu=cpu, device=device, tracing=traced)
+                    leases=leases, release_held=partial(release_held, broker) if broker is not None else None,
+                    cpu=cpu, device=device, tracing=traced)
     health.stalled, health.beat_error = leases.stalled, lambda: leases.beat_error
     health.stopping = lambda: engine.stopping
     freeze_startup_objects()

@@ -461,3 +461,12 @@ def test_a_pending_request_of_any_id_gets_a_result_url_that_reads_its_answer(red
         for rid, url in urls.items():
             got = http.get(url)
             assert got.status_code == 200 and got.json()["id"] == rid
+
+
+def test_the_route_queues_on_rabbitmq_when_given_an_amqp_broker(redis_url, amqp_url, rabbitmq_vhost, http_server):
+    base = http_server(redis_url, "--broker", amqp_url)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        late = http.post("/v1/system_one", json={**REQUEST, "id": "http-amqp-1"}, params={"wait_s": 0})
+        assert late.status_code == 202  # no worker: queued (confirmed by RabbitMQ), pending in the result store
+        assert http.get("/v1/results/http-amqp-1").status_code == 202
+    assert rabbitmq_vhost.ready(online_queue(MODEL)) == 1

@@ -8,7 +8,16 @@ import logging
 import pytest
 
 from vela2.errors import ConfigError
-from vela2.redis_url import PASSWORD_IN_ARGV, has_password, read_url_file, url_from_args, warn_if_password_in_argv
+from vela2.redis_url import (
+    BROKER_SCHEMES,
+    PASSWORD_IN_ARGV,
+    check_url,
+    has_password,
+    mask_url,
+    read_url_file,
+    url_from_args,
+    warn_if_password_in_argv,
+)
 from worker.settings import WorkerSettings
 
 
@@ -84,3 +93,45 @@ def test_backfill_takes_the_url_from_a_file(tmp_path, capsys, redis_server, redi
         client.close()
     assert main([str(inp), str(tmp_path / "o2"), "--redis-url-file", str(tmp_path / "nope")]) == 2
     assert "cannot read the Redis URL file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://:s3cret@host:6379/0", "redis://:**@host:6379/0"),
+    ("amqp://guest:s3cret@mq:5672/vela", "amqp://guest:**@mq:5672/vela"),
+    ("redis://host/0?password=s3cret&db=1", "redis://host/0?password=**&db=1"),
+    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+])
+def test_mask_url_hides_the_password_only(url, shown):
+    assert mask_url(url) == shown
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("foo://u:s3cret@host/0", "has scheme 'foo'"),
+    ("127.0.0.1:6379", "has scheme"),
+    ("redis://:s3cret@/0", "names no host"),
+    ("redis://:s3cret@host:notaport/0", "is not a valid URL"),
+])
+def test_check_url_refuses_with_the_url_masked(url, problem):
+    with pytest.raises(ConfigError, match=problem) as e:
+        check_url(url, "broker", BROKER_SCHEMES)
+    assert "the broker URL" in str(e.value) and "s3cret" not in str(e.value)
+
+
+def test_worker_settings_check_both_urls():
+    assert WorkerSettings(redis_url="redis://a:6379/0").resolved_broker_url == "redis://a:6379/0"
+    split = WorkerSettings(redis_url="redis://a:6379/0", broker_url="redis://b:6379/1")
+    assert split.resolved_broker_url == "redis://b:6379/1"
+    split.validate()
+    with pytest.raises(ConfigError, match="the broker URL 'nats://b:4222'"):
+        WorkerSettings(redis_url="redis://a:6379/0", broker_url="nats://b:4222").validate()
+    with pytest.raises(ConfigError, match="the result store URL 'http://a'"):
+        WorkerSettings(redis_url="http://a").validate()
+
+
+def test_broker_url_from_env_and_file(tmp_path):
+    f = tmp_path / "broker"
+    f.write_text("redis://:pw@b:6379/3\n")
+    env = {"VELA2_BROKER_URL": "redis://x:6379/0", "VELA2_BROKER_URL_FILE": str(f)}
+    assert WorkerSettings.from_env(env).broker_url == "redis://:pw@b:6379/3"
+    assert WorkerSettings.from_env({"VELA2_BROKER_URL": "redis://x:6379/0"}).broker_url == "redis://x:6379/0"
+    assert WorkerSettings.from_env({}).broker_url is None

@@ -92,3 +92,15 @@ def test_status_screen_flags_mixed_digests_and_says_when_redis_is_away(redis_url
     assert status_cli.main(["--redis", "redis://:secret@127.0.0.1:1/0"]) == status_cli.EXIT_REDIS_UNAVAILABLE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "127.0.0.1:1" in err[0] and "secret" not in err[0]
+
+
+def test_status_reads_the_queues_on_the_broker_and_the_rest_in_the_result_store(redis_url):
+    import fakeredis
+
+    store, broker = redis.Redis.from_url(redis_url), fakeredis.FakeRedis()
+    broker.rpush(keys.online_queue(MODEL), "a", "b", "c")
+    store.rpush(keys.online_queue(MODEL), "not on the broker")
+    store.rpush(keys.dead_letter(MODEL), "z")
+    shown = status_cli.gather(store, [MODEL], broker)
+    assert shown["models"][MODEL]["queues"] == {"online": 3, "backfill": 0}
+    assert shown["models"][MODEL]["dead"] == 1 and shown["unacked"] == 0

@@ -118,6 +118,21 @@ def worker_info_key(model_name: str, worker_id: str) -> str:
     return f"{WORKER_INFO_PREFIX}{model_name}:{worker_id}"
 
 
+# RabbitMQ (amqp://) declares a queue once and refuses a redeclaration with other arguments, so the
+# workers that consume and the producers that declare before publishing use these, from here only:
+# a durable quorum queue (every message replicated over the cluster's nodes, Raft majority).
+# No x-delivery-limit: on RabbitMQ 3.x a message returned to the queue (a warm shutdown's returns)
+# counts as a delivery too, so it could dead-letter a request that never ran; crashes are counted by
+# the attempt counters in the result store instead (worker.attempts).
+AMQP_QUEUE_ARGUMENTS: dict[str, str] = {"x-queue-type": "quorum"}
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def is_amqp_url(url: str) -> bool:
+    """Whether a broker URL names RabbitMQ (AMQP 0-9-1) rather than Redis."""
+    return url.split("://", 1)[0].lower() in AMQP_SCHEMES
+
+
 def online_queue(model_name: str) -> str:
     """The queue of interactive requests for a model, drained before its backfill queue."""
     return f"{QUEUE_PREFIX}{model_name}"

@@ -1,0 +1,102 @@
+"""Where a producer queues its messages: a Redis broker (LPUSH, every message in one round trip), or
+RabbitMQ (`amqp://`: each message published with a publisher confirm, so `submit` returns only once
+the broker has taken it — on a quorum queue, once a majority of its nodes have it).
+
+The same message travels either way: vela2.wire.messages builds kombu's Redis envelope, and for
+AMQP its body, headers and properties become the AMQP message's (what Celery's amqp transport would
+send). The queue is declared (durable, vela2.wire.keys.AMQP_QUEUE_ARGUMENTS) before a producer's
+first publish to it: RabbitMQ drops a message routed to a queue that does not exist yet (no worker
+started), and confirms it all the same. kombu (`pip install "vela2[amqp]"`) is imported only for an
+amqp:// broker. No celery, no torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from typing import Any
+
+from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, is_amqp_url
+from vela2.wire.messages import Message
+
+PUBLISH_RETRIES = 3  # a publish whose connection broke is retried this often (kombu reconnects), then raises
+CONNECT_TIMEOUT_S = 5.0
+
+
+class AmqpPublisher:
+    """Publishes built messages to RabbitMQ with publisher confirms, over one connection (thread-safe:
+    one publish at a time)."""
+
+    def __init__(self, url: str):
+        from kombu import Connection
+
+        self.url = url
+        self._conn = Connection(url, connect_timeout=CONNECT_TIMEOUT_S, transport_options={"confirm_publish": True})
+        self._declared: set[str] = set()
+        self._lock = threading.Lock()
+        self._producer: Any = None
+
+    def _queue(self, name: str) -> Any:
+        from kombu import Queue
+
+        return Queue(name, routing_key=name, durable=True, queue_arguments=AMQP_QUEUE_ARGUMENTS)
+
+    def publish(self, messages: list[Message]) -> None:
+        """Publish every message and wait for each confirm; raises kombu's / py-amqp's errors when the
+        broker stays away for PUBLISH_RETRIES reconnects (nothing after the failing message is sent)."""
+        with self._lock:
+            if self._producer is None:
+                self._producer = self._conn.Producer()
+            for m in messages:
+                envelope = json.loads(m.payload)
+                props = envelope["properties"]
+                declare = [] if m.queue in self._declared else [self._queue(m.queue)]
+                self._producer.publish(
+                    base64.b64decode(envelope["body"]),
+                    exchange="",
+                    routing_key=m.queue,
+                    headers=envelope["headers"],
+                    content_type=envelope["content-type"],
+                    content_encoding=envelope["content-encoding"],
+                    correlation_id=props["correlation_id"],
+                    delivery_mode=2,  # persistent
+                    declare=declare,
+                    retry=True,
+                    retry_policy={"max_retries": PUBLISH_RETRIES, "interval_start": 0.2, "interval_step": 0.5},
+                )
+                self._declared.add(m.queue)
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._producer = None
+            self._conn.release()
+
+
+def connect(broker_url: str | None, store: Any) -> Any:
+    """The broker connection of a producer: an AmqpPublisher for amqp:// URLs, a redis-py client for
+    another Redis, else `store` (the result store's client: one Redis for both)."""
+    if not broker_url:
+        return store
+    if is_amqp_url(broker_url):
+        return AmqpPublisher(broker_url)
+    import redis
+
+    return redis.Redis.from_url(broker_url)
+
+
+def push(broker: Any, messages: list[Message]) -> None:
+    """Queue `messages` on `broker` (what `connect` returned, or a ready redis-py client)."""
+    if isinstance(broker, AmqpPublisher):
+        broker.publish(messages)
+        return
+    pipe = broker.pipeline(transaction=False)
+    queue_commands(pipe, messages)
+    pipe.execute()
+
+
+def queue_commands(pipe: Any, messages: list[Message]) -> None:
+    """Add the LPUSH of every message to a (sync or asyncio) Redis pipeline."""
+    for m in messages:
+        pipe.lpush(m.queue, m.payload)
