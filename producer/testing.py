@@ -380,16 +380,21 @@ class FakeWorker:
             raise
 
     def _loop(self) -> None:
+        # an item taken whose answering a Redis restart interrupted (answering reads Redis: the
+        # duplicate and cancel checks): answered before anything else is taken, never dropped
+        taken: Any = None
         while not self._stop.is_set():
             if not self._go.wait(_TAKE_WAIT_S):
                 continue
             try:
                 with self.lock:
-                    taken = self.redis.brpop(self.queues, timeout=_TAKE_WAIT_S)
-                    if taken is not None and not self._go.is_set():  # paused while it waited: put it back
-                        self.redis.rpush(*taken)
-                        taken = None
+                    if taken is None:
+                        taken = self.redis.brpop(self.queues, timeout=_TAKE_WAIT_S)
+                        if taken is not None and not self._go.is_set():  # paused while it waited: put it back
+                            self.redis.rpush(*taken)
+                            taken = None
                     answered = self._answer_item(*taken) if taken is not None else None
+                    taken = None
             except redis_lib.exceptions.ConnectionError:  # Redis restarting (BusyLoadingError included)
                 self.redis_errors += 1
                 self._stop.wait(_TAKE_WAIT_S)

@@ -300,3 +300,25 @@ def test_a_model_answer_checks_the_checkpoints_name_as_the_worker_does(vela2_red
     client.submit({**S1, "model": "vela2-demo"}, validate=False)
     worker.drain()
     assert assert_ok(client.answer("s-1", timeout_s=0))["model"] == "vela2-demo"
+
+
+def test_a_redis_restart_between_taking_and_answering_loses_nothing(vela2_client, vela2_redis):
+    """The thread took an item, then Redis went away while it read the duplicate / cancel state: the
+    item is answered once Redis is back (a bare BRPOP had already removed it from the queue)."""
+    import redis as redis_lib
+
+    worker = FakeWorker(vela2_redis.client())
+    real, calls = worker.store.admission, []
+
+    def flaky(items):
+        calls.append(items)
+        if len(calls) == 1:
+            raise redis_lib.exceptions.ConnectionError("Redis restarting")
+        return real(items)
+
+    worker.store.admission = flaky
+    ids = vela2_client.submit_many([{**ROW, "id": f"r-{i}"} for i in range(3)])
+    with worker:
+        results = vela2_client.results_many(ids, timeout_s=10)
+    assert all(r is not None and r.status == "ok" for r in results.values())
+    assert worker.redis_errors == 1 and len(calls) == 4  # the interrupted item read again, then answered
