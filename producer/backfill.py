@@ -77,8 +77,8 @@ from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, Vela2Error
 from vela2.redis_url import (
     BROKER_SCHEMES,
     ENV_BROKER_URL,
-    ENV_REDIS_URL_FILE,
     RESULT_STORE_SCHEMES,
+    add_url_arguments,
     check_url,
     url_from_args,
 )
@@ -120,7 +120,6 @@ end
 redis.call('DEL', KEYS[1])
 return 1
 """
-ENV_REDIS_URL = "VELA2_REDIS_URL"  # same variables as the worker's (worker.app.ENV)
 ENV_MODEL = "VELA2_MODEL"
 
 
@@ -679,10 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vela2 backfill", description=__doc__.splitlines()[0])
     ap.add_argument("input", metavar="IN.jsonl", help="one row or SystemOne request per line")
     ap.add_argument("output", metavar="OUT.jsonl", help="results, one line per input id (appended; resumable)")
-    ap.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL),
-                    help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
-    ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
-                    help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
+    add_url_arguments(ap, DEFAULT_REDIS_URL)
     ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
                     help=f"the workers' broker URL when it is not the Redis of --redis (default ${ENV_BROKER_URL})")
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="model name (its queues)")

@@ -118,8 +118,8 @@ from vela2.errors import (
 from vela2.redis_url import (
     BROKER_SCHEMES,
     ENV_BROKER_URL,
-    ENV_REDIS_URL_FILE,
     RESULT_STORE_SCHEMES,
+    add_url_arguments,
     check_url,
     url_from_args,
 )
@@ -133,7 +133,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0  # how long POST waits for the answer by default
 DEFAULT_MAX_WAIT_S = 60.0  # the largest wait_s a caller may ask for
 DEFAULT_PORT = 8000
-ENV_REDIS_URL = "VELA2_REDIS_URL"  # same variables as the worker's (worker.app.ENV)
 ENV_MODEL = "VELA2_MODEL"
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 DEFAULT_REDIS_CONNECTIONS = 64  # Redis connections of one route process (requests share them)
@@ -749,10 +748,7 @@ def _positive(kind: type) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2 http` arguments (shared with the CLI)."""
     ap = argparse.ArgumentParser(prog="vela2 http", description=__doc__.splitlines()[0])
-    ap.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL),
-                    help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
-    ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
-                    help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
+    add_url_arguments(ap, DEFAULT_REDIS_URL)
     ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
                     help=f"the workers' broker URL when it is not the Redis of --redis (default ${ENV_BROKER_URL})")
     ap.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0 inside a container)")

@@ -40,11 +40,11 @@ from typing import Any
 import redis.exceptions
 
 from producer import brokers
-from producer.backfill import ENV_MODEL, ENV_REDIS_URL
+from producer.backfill import ENV_MODEL
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, http_status, pack_messages, prepare_request
 from vela2.config import LIMITS
 from vela2.errors import ConfigError, InvalidRequest, JobNotFound, Vela2Error
-from vela2.redis_url import ENV_REDIS_URL_FILE, url_from_args
+from vela2.redis_url import add_url_arguments, url_from_args
 from vela2.schemas import Status, cancelled_result, error_result
 from vela2.systemone import error_answer, is_system_one, parse_request, to_answer
 from vela2.wire.jobs import (
@@ -448,11 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `vela2 jobs` arguments."""
     ap = argparse.ArgumentParser(prog="vela2 jobs", description=__doc__.splitlines()[0])
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL),
-                        help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the "
-                        "host)")
-    common.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
-                        help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
+    add_url_arguments(common, DEFAULT_REDIS_URL)
     common.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="model name (its queues)")
     common.add_argument("--tenant", default=None, help="the jobs are this tenant's (as an API key's over HTTP)")
     sub = ap.add_subparsers(dest="command", required=True)

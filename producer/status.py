@@ -23,10 +23,9 @@ import redis
 from kombu.utils.url import maybe_sanitize_url
 
 from producer.client import DEFAULT_REDIS_URL
-from vela2.redis_url import ENV_BROKER_URL, ENV_REDIS_URL_FILE, url_from_args
+from vela2.redis_url import ENV_BROKER_URL, add_url_arguments, url_from_args
 from vela2.wire import fleet, keys
 
-ENV_REDIS_URL = "VELA2_REDIS_URL"  # the worker's and the producers' variable
 EXIT_REDIS_UNAVAILABLE = 3
 SCAN_COUNT = 1000  # keys per SCAN step while looking for models
 
@@ -98,10 +97,7 @@ def render(status: dict[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2 status` arguments."""
     ap = argparse.ArgumentParser(prog="vela2 status", description=__doc__.splitlines()[0])
-    ap.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, DEFAULT_REDIS_URL),
-                    help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of the host)")
-    ap.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
-                    help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
+    add_url_arguments(ap, DEFAULT_REDIS_URL)
     ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
                     help=f"the workers' broker when it is not the Redis of --redis: another Redis, or RabbitMQ "
                          f"(amqp://) (default ${ENV_BROKER_URL})")

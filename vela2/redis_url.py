@@ -9,13 +9,16 @@ warn when a password is given in argv. Standard library only (both sides import 
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from vela2.errors import ConfigError
 from vela2.wire.keys import AMQP_SCHEMES
 
+ENV_REDIS_URL = "VELA2_REDIS_URL"  # the result store's (and by default the broker's) URL: the worker's variable too
 ENV_REDIS_URL_FILE = "VELA2_REDIS_URL_FILE"
 # The broker's URL when it is not the result store's (worker.settings declares the worker's setting of
 # the same name; the producer commands read this variable).
@@ -24,6 +27,16 @@ RESULT_STORE_SCHEMES = ("redis", "rediss", "unix")
 BROKER_SCHEMES = ("redis", "rediss", *AMQP_SCHEMES)
 PASSWORD_IN_ARGV = ("a Redis password is given on the command line, where every user of this host can read it "
                     "(/proc/<pid>/cmdline); pass the URL in VELA2_REDIS_URL or a file (--redis-url-file)")
+
+
+def add_url_arguments(parser: argparse.ArgumentParser, default_url: str) -> None:
+    """`--redis` and `--redis-url-file`, as every producer command takes them (defaults from
+    ENV_REDIS_URL / ENV_REDIS_URL_FILE); resolve them with `url_from_args`."""
+    parser.add_argument("--redis", default=os.environ.get(ENV_REDIS_URL, default_url),
+                        help=f"Redis URL (default ${ENV_REDIS_URL}; a password here is visible to every user of "
+                             "the host)")
+    parser.add_argument("--redis-url-file", default=os.environ.get(ENV_REDIS_URL_FILE) or None,
+                        help=f"read the Redis URL from this file's first line (or ${ENV_REDIS_URL_FILE})")
 
 
 def read_url_file(path: str | Path) -> str:
