@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -89,6 +90,7 @@ def save(model: Vela2Model, path: str | Path, *, shard_max_bytes: int | None = N
         stale.unlink(missing_ok=True)
     if shard_max_bytes is None:
         save_file(state, str(path / WEIGHTS), metadata={"format": "pt"})
+        make_readable(path)
         return
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -106,6 +108,15 @@ def save(model: Vela2Model, path: str | Path, *, shard_max_bytes: int | None = N
         weight_map.update(dict.fromkeys(shard, fname))
     total = sum(t.numel() * t.element_size() for t in state.values())
     (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    make_readable(path)
+
+
+def make_readable(path: Path) -> None:
+    """Every file of the checkpoint directory `path` world-readable (0644): a serving container
+    usually runs as another user than the one who wrote it, and safetensors writes its files 0600."""
+    for p in path.iterdir():
+        if p.is_file():
+            os.chmod(p, 0o644)
 
 
 def weight_files(path: Path, missing_hint: str = "") -> dict[str, Path]:

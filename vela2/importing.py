@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from vela2.calibration import Calibration
-from vela2.checkpoint import INDEX, WEIGHTS, _bf16_weight_names, weight_files
+from vela2.checkpoint import INDEX, WEIGHTS, _bf16_weight_names, make_readable, weight_files
 from vela2.config import HeadsConfig, SpecialTokens, Vela2Config
 from vela2.errors import CheckpointError
 from vela2.modeling import OptionHead, SpanHead, Vela2Model, build_backbone
@@ -157,8 +156,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
     config.write(out)
     tok.save(str(out / "tokenizer.json"))
     Calibration().write(out)
-    for p in out.iterdir():  # a checkpoint is world-readable (a serving container runs as another user)
-        os.chmod(p, 0o644)
+    make_readable(out)
     log.info("imported %s (%s, %d tensors) to %s", hf_dir, hf_cfg["model_type"], len(writer.names), out)
     return out
 

@@ -84,6 +84,17 @@ def test_round_trip_same_outputs(demo_model, tmp_path, reference_outputs):
     assert outputs(again) == reference_outputs
 
 
+@pytest.mark.parametrize("shard_max_bytes", [None, 100_000])
+def test_every_written_file_is_world_readable(demo_model, tmp_path, shard_max_bytes):
+    # safetensors writes its files 0600: a serving container running as another user could not
+    # read the weights of a checkpoint that `vela2 train` / `init-demo` wrote
+    path = tmp_path / "ckpt"
+    vela2.save(demo_model, path, shard_max_bytes=shard_max_bytes)
+    files = list(path.iterdir())
+    assert any(f.suffix == ".safetensors" for f in files)
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: oct(0o644) for f in files}
+
+
 def test_sharded_round_trip(demo_model, tmp_path, reference_outputs):
     path = tmp_path / "sharded"
     vela2.save(demo_model, path, shard_max_bytes=100_000)
