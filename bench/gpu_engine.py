@@ -15,7 +15,7 @@ device in bf16, with the demo tokenizer and a 2,048-token window. On the workloa
   torch.cuda.max_memory_allocated reset before each:
     ours     vela2.pipeline.pack under --max-batch-tokens (padded tokens), run_batch per batch
              (--row-tokens R: several short sequences share a padded row; a list adds arms);
-    batch1   one sequence per forward, arrival order;
+    batch1   one sequence per forward, arrival order, launched kernel by kernel (CUDA graphs off);
     fixed32  consecutive batches of 32 sequences in arrival order, padded to their longest;
     ours_fp8 `ours` (headline packing and attention) at precision fp8 (vela2.fused);
     unfused  `ours` with vela2.fused.ENABLED off: transformers' own layers (the path before issue 17);
@@ -33,7 +33,12 @@ device in bf16, with the demo tokenizer and a 2,048-token window. On the workloa
   the figure the queue path is later compared with;
 - latency: one short row (the workload's fewest-token single-question row) through vela2.predict
   alone, warm (5 untimed calls), LATENCY_RUNS timed: p50 / p90 ms, at bf16 (and fp8 with the fp8 arm)
-  under sdpa (the row its own length), and at the headline packing (flex pads a lone row to row_tokens).
+  under sdpa (the row its own length), and at the headline packing (flex pads a lone row to row_tokens);
+- batch1_graphs and the sdpa latencies `*_graphs`: again with CUDA-graph replay of batches up to
+  --cuda-graph-tokens (default: the product's vela2.fused.GRAPH_MAX_TOKENS; 0 skips them), the path
+  predict() and the worker take, so it is the engine's `mfu_real_tokens_batch1` (the launched one is
+  `mfu_real_tokens_batch1_launched`); `graphs_vs_plain`: what replay changes in the outputs. Every
+  other arm runs with replay off.
 
 `--device cpu --layers 2 --hidden 256` runs the same script end to end on a CPU (tiny shapes).
 """
@@ -52,6 +57,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -98,6 +104,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="batches of each arm run as its warm-up (0 = one full pass)")
     ap.add_argument("--attn", default="sdpa",
                     help="comma list of attention backends (sdpa, flex) for `ours`; the first is the headline")
+    ap.add_argument("--cuda-graph-tokens", type=int, default=None,
+                    help="batch1_graphs / latency *_graphs run with vela2.fused.GRAPH_MAX_TOKENS at this (CUDA-graph "
+                         "replay of sdpa batches up to this many tokens; default the product's; 0: not run)")
     ap.add_argument("--flex-compile", choices=("static", "auto"), default="static",
                     help="flex kernels: static = one per (rows, length) shape; auto = torch.compile dynamic=None")
     args = ap.parse_args(argv)
@@ -353,6 +362,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     device = torch.device(args.device)
     arms = set(args.arms.split(","))
     vela2.attention.COMPILE_DYNAMIC = False if args.flex_compile == "static" else None
+    if args.cuda_graph_tokens is None:
+        args.cuda_graph_tokens = vela2.fused.GRAPH_MAX_TOKENS
+    product_graph_tokens, vela2.fused.GRAPH_MAX_TOKENS = vela2.fused.GRAPH_MAX_TOKENS, 0  # graph_arms only
     t_start = time.perf_counter()
     rows = make_workload(seed=args.seed, copies=args.copies)
     if args.max_rows:
@@ -430,7 +442,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     latency: dict[str, Any] = {}
     if "latency" in arms:
         # sdpa, the row its own length (a worker's default; batch1's path), then the headline packing
-        # (under flex a lone row is padded to row_tokens)
+        # (under flex a lone row is padded to row_tokens), then sdpa with CUDA-graph replay
         configs = [(p, "sdpa", None) for p in [args.precision, *(["fp8"] if "fp8" in arms else [])]]
         if head_attn != "sdpa" or headline:
             configs.append((args.precision, head_attn, headline))
@@ -459,6 +471,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                        "peak_memory_gib": _peak_gib(device)}
         results["engine_predict"] = engine_rows
 
+    if args.cuda_graph_tokens:  # last: a CUDA-graph failure is recorded, and every other arm is already in
+        graph_arms(model, results, latency, rows, sequences, args,
+                   lambda: timed("batch1_graphs", plans["batch1"]()))
+
     engine: dict[str, Any] = {
         "matmul_peak_tflops": peak["tflops"],
         "non_embedding_params": params["non_embedding"],
@@ -483,10 +499,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             engine["fp8_speedup_vs_bf16"] = round(fp8_tps / ours["real_tokens_per_s"], 3)
         if "unfused" in results:
             engine["speedup_vs_unfused"] = round(ours["real_tokens_per_s"] / results["unfused"]["real_tokens_per_s"], 3)
-    if "batch1" in results:
-        engine["mfu_real_tokens_batch1"] = results["batch1"]["mfu_real_tokens"]
+    if "batch1" in results:  # the product's path: replayed when that arm ran
+        engine["mfu_real_tokens_batch1_launched"] = results["batch1"]["mfu_real_tokens"]
+        engine["mfu_real_tokens_batch1"] = results.get("batch1_graphs", {}).get(
+            "mfu_real_tokens", results["batch1"]["mfu_real_tokens"])
     if latency:
-        engine["latency_p50_ms"] = {p: v["p50_ms"] for p, v in latency.items()}
+        engine["latency_p50_ms"] = {p: v["p50_ms"] for p, v in latency.items() if isinstance(v, dict)}
     engine["targets"] = {k: f"{'>=' if kind == 'min' else '<='} {v}" for k, (kind, v) in TARGETS.items()}
     engine["meets_targets"] = _meets(engine)
 
@@ -523,7 +541,61 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "arms": results,
         "wall_seconds": round(time.perf_counter() - t_start, 1),
     }
+    vela2.fused.GRAPH_MAX_TOKENS = product_graph_tokens
     return doc
+
+
+def graph_arms(model, results: dict[str, Any], latency: dict[str, Any], rows: list[dict], sequences: list,
+               args: argparse.Namespace, batch1: Callable[[], dict[str, Any]]) -> None:
+    """batch1 and the sdpa latencies again with CUDA-graph replay (vela2.fused.GRAPH_MAX_TOKENS), and
+    what replay changes in the outputs (`graphs_vs_plain`); an exception (a capture that fails on this
+    torch) is recorded as the arm's result."""
+    import vela2.fused
+
+    arms = set(args.arms.split(","))
+    precisions = [args.precision, *(["fp8"] if "fp8" in arms else [])]
+    model.set_attention("sdpa")
+    try:
+        vela2.fused.GRAPH_MAX_TOKENS = args.cuda_graph_tokens
+        if "batch1" in arms:
+            results["batch1_graphs"] = batch1()
+        if "latency" in arms:
+            for precision in precisions:
+                latency[f"{precision}_sdpa_graphs"] = latency_arm(model, rows, precision, None)
+        results["graphs_vs_plain"] = {p: graphs_vs_plain(model, sequences, p, args.cuda_graph_tokens)
+                                      for p in precisions}
+    except Exception as e:  # the benchmark reports it and keeps the other arms
+        log.exception("CUDA-graph arms failed")
+        results.setdefault("batch1_graphs", {"error": f"{type(e).__name__}: {e}"})
+        latency.setdefault("graphs_error", f"{type(e).__name__}: {e}")
+    finally:
+        vela2.fused.GRAPH_MAX_TOKENS = 0
+        model.set_attention(args.attns[0])
+
+
+def graphs_vs_plain(model, sequences: list, precision: str, graph_tokens: int, n: int = 48) -> dict[str, Any]:
+    """Each of `n` sequences (spread over the lengths) alone through run_batch, replayed as a CUDA graph
+    and launched plainly: the largest |logit diff| and the questions whose option argmax differs."""
+    import vela2.fused
+    from vela2.pipeline import run_batch
+
+    by_length = sorted(sequences, key=lambda s: s.num_tokens)
+    picked = [by_length[i * len(by_length) // n] for i in range(min(n, len(by_length)))]
+    diff, flips, questions = 0.0, 0, 0
+    for seq in picked:
+        vela2.fused.GRAPH_MAX_TOKENS = graph_tokens
+        (replayed,) = run_batch(model, [seq], precision)
+        vela2.fused.GRAPH_MAX_TOKENS = 0
+        (plain,) = run_batch(model, [seq], precision)
+        for q, logits in plain.options.items():
+            diff = max(diff, float(np.abs(replayed.options[q] - logits).max()))
+            flips += int(replayed.options[q].argmax() != logits.argmax())
+            questions += 1
+        for q, logits in plain.spans.items():
+            diff = max(diff, float(np.abs(replayed.spans[q] - logits).max()))
+    vela2.fused.GRAPH_MAX_TOKENS = graph_tokens
+    return {"sequences": len(picked), "option_questions": questions, "max_abs_logit_diff": diff,
+            "argmax_diffs": flips}
 
 
 def latency_arm(model, rows: list[dict], precision: str, row_tokens: int | None) -> dict[str, Any]:

@@ -1,14 +1,15 @@
 """Where one ~64k-token forward of the 9B shape spends its time, by kernel class.
 
     python -m bench.gpu_profile --out bench/results/gpu-profile.json [--variants transformers:bf16,fused:bf16,fused:fp8]
-    python -m bench.gpu_profile --single --attn sdpa --variants transformers:bf16,fused:bf16 \
+    python -m bench.gpu_profile --single --attn sdpa --variants transformers:bf16,fused:bf16,graphs:bf16 \
         --out bench/results/gpu-profile-batch1.json
 
 Builds the model of bench.gpu_engine (random bf16 weights, Qwen2 layout, 9B shapes by default),
 renders the seed-like mix and packs its first batch the way `ours` does (--max-batch-tokens
 padded tokens in rows of --row-tokens), or with --single one sequence alone (the workload's
 mean length, unpacked: batch1's shape). For each variant (path:precision; path "transformers" runs
-the backbone's own forward, vela2.fused.ENABLED off; "fused" the product's fused decoder) it runs
+the backbone's own forward, vela2.fused.ENABLED off; "fused" the product's fused decoder; "graphs"
+the fused decoder replayed as a CUDA graph, vela2.fused.GRAPH_MAX_TOKENS on, sdpa only) it runs
 `vela2.pipeline.run_batch` on that batch: warm-ups (compiles), --iters timed with CUDA events
 (median), then one run under torch.profiler. Kernels are put in classes by name:
 
@@ -145,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     variants = [tuple(v.split(":")) for v in args.variants.split(",")]
-    bad = [v for v in variants if len(v) != 2 or v[0] not in ("transformers", "fused")]
+    bad = [v for v in variants if len(v) != 2 or v[0] not in ("transformers", "fused", "graphs")]
     if bad:
-        ap.error(f"--variants must be path:precision with path transformers or fused; got {args.variants!r}")
+        ap.error(f"--variants must be path:precision with path transformers, fused or graphs; got {args.variants!r}")
 
     margs = gpu_engine.parse_args(["--layers", str(args.layers), "--hidden", str(args.hidden)])
     device = torch.device("cuda")
@@ -171,13 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     log.info("batch: %d sequences in %d rows: %d real / %d padded tokens", len(batch), rows, real, padded)
     results = {}
     for path, precision in variants:
-        fused.ENABLED = path == "fused"
+        fused.ENABLED = path != "transformers"
+        fused.GRAPH_MAX_TOKENS = 1 << 30 if path == "graphs" else 0
         t0 = time.perf_counter()
         results[f"{path}:{precision}"] = r = profile_variant(model, batch, row_tokens, precision, args.iters,
                                                              params["non_embedding"], padded, real, peak["flops_per_s"])
         log.info("%s:%s: %.1f ms, MFU %.3f (%.0f s with compiles)", path, precision, r["forward_ms_median"],
                  r["mfu_real_tokens"], time.perf_counter() - t0)
-    fused.ENABLED = True
+    fused.ENABLED, fused.GRAPH_MAX_TOKENS = True, 0
     import transformers
 
     doc = {

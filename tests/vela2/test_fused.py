@@ -203,3 +203,44 @@ def test_predict_fp8_equals_run_batch():
     assert res.status == "ok"
     np.testing.assert_allclose(res.answers[0].logits, out.options[0], atol=1e-6)
 
+
+# --- CUDA-graph padding ----------------------------------------------------------------------------------
+
+
+def test_pad_dense_equals_the_tree_mask_of_the_padded_batch():
+    model = tiny(seed=12)
+    ids, pos, parts, segs = batch(model, row_tokens=None)
+    B, L = ids.shape
+    length = L + 37
+    got_ids, got_pos, got_mask = fused.pad_dense(ids, pos, tree_mask(parts, segs), length)
+    pad = torch.nn.functional.pad
+    assert torch.equal(got_mask, tree_mask(pad(parts, (0, 37), value=-1), pad(segs, (0, 37), value=-1)))
+    assert torch.equal(got_ids[:, :L], ids) and (got_ids[:, L:] == 0).all()
+    assert torch.equal(got_pos[:, :L], pos) and (got_pos[:, L:] == 0).all()
+    # real tokens' states are the same with the padding (what graph replay relies on)
+    encode(model, ids, pos, parts, segs, "fp32")  # builds model._fused
+    with torch.inference_mode():
+        plain = model._fused.forward(ids, pos, tree_mask(parts, segs), "fp32", None)
+        padded = model._fused.forward(got_ids, got_pos, got_mask, "fp32", None)
+    real = parts >= 0
+    assert (padded[:, :L] - plain)[real].abs().max() <= 1e-5 * plain[real].abs().max()
+    with pytest.raises(ValueError, match=f"length {L - 1} is shorter than the batch's {L} tokens"):
+        fused.pad_dense(ids, pos, tree_mask(parts, segs), L - 1)
+
+
+def test_which_batches_replay_a_cuda_graph():
+    # rows x length rounded up to GRAPH_BUCKET, within GRAPH_MAX_TOKENS; never under flex (a BlockMask per
+    # batch), never with autograd on (training must launch, a replay records no graph for backward),
+    # never off CUDA
+    limit, bucket = fused.GRAPH_MAX_TOKENS, fused.GRAPH_BUCKET
+    assert limit > 0 and limit % bucket == 0
+    assert fused.graph_length(1) == bucket and fused.graph_length(bucket) == bucket
+    assert fused.graph_length(bucket + 1) == 2 * bucket
+    assert fused.replays(1, limit, flex=False, cuda=True, grad=False)
+    assert not fused.replays(1, limit + 1, flex=False, cuda=True, grad=False)  # padded past the limit
+    assert fused.replays(limit // bucket, bucket - 5, flex=False, cuda=True, grad=False)
+    assert not fused.replays(limit // bucket + 1, 1, flex=False, cuda=True, grad=False)
+    assert not fused.replays(1, 10, flex=True, cuda=True, grad=False)
+    assert not fused.replays(1, 10, flex=False, cuda=True, grad=True)
+    assert not fused.replays(1, 10, flex=False, cuda=False, grad=False)
+
