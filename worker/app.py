@@ -148,6 +148,8 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     if broker_url.startswith(("redis://", "rediss://")):
         app.conf.broker_transport = "worker.broker:RedisTransport"  # triaged items, writes retried
         app.conf.broker_use_ssl = ssl_options(broker_url)
+    if amqp:  # every delivery triaged before Celery dispatches it, as the Redis channel does its items
+        app.conf.worker_consumer = "worker.amqp:TriagingConsumer"
     # RabbitMQ: durable quorum queues (Celery then sets a per-consumer prefetch, the only kind quorum
     # queues have); the online and the backfill queue are two consumers with a credit each, so each
     # gets half of max_buffered: what the engine holds stays within it, and a backfill backlog never
