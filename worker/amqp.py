@@ -79,7 +79,11 @@ class TriagingConsumer(Consumer):
         self._dispatch = dispatch
 
         def on_task_received(message: Any) -> Any:
-            triage(message)
+            try:
+                triage(message)
+            except Exception as e:  # a bug here must not stop the consumer: the delivery is dead-lettered
+                log.exception("triaging a delivery failed")
+                refuse(message, messages.Refusal(f"the delivery could not be triaged: {type(e).__name__}: {e}"))
             return dispatch(message)
 
         return on_task_received
@@ -92,7 +96,7 @@ class TriagingConsumer(Consumer):
             return
         body = message.body if isinstance(message.body, bytes) else None
         checked = messages.refusal(message.headers, body, message.content_type)
-        mid = messages.message_id(message.headers or {})
+        mid = messages.message_id(message.headers) if isinstance(message.headers, dict) else None
         ids = checked.ids if checked is not None else [mid] if mid else []
         refuse(message, messages.Refusal(f"message cannot be decoded: {type(exc).__name__}: {str(exc)[:200]}",
                                          [i for i in ids if keys.id_problem(i) is None]))

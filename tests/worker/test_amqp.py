@@ -255,6 +255,9 @@ def test_deliveries_that_are_no_messages_of_ours_are_answered_or_dead_lettered(r
 
 def test_triage_rewrites_a_refused_delivery_and_strips_forged_refusal_headers(demo_dir):
     """worker.amqp without a broker: kombu's Message as the consumer hands it over."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
     from kombu.message import Message
 
     from vela2.wire.messages import REFUSED_CONTENT_TYPE, REFUSED_HEADER, refused_ids
@@ -278,6 +281,13 @@ def test_triage_rewrites_a_refused_delivery_and_strips_forged_refusal_headers(de
     item = json.loads(bad.body)  # the delivery itself, for the dead-letter list
     assert item["headers"] == headers and base64.b64decode(item["body"]) == body
     assert item["properties"]["delivery_info"] == {"routing_key": ONLINE}
+
+    # AMQP table values JSON has no type for, and a task name in bytes: refused, the item still JSON
+    odd = Message(body=b"\x00\x01", headers={"task": b"vela2.score", "id": "r-3", "at": datetime.now(UTC),
+                                                "n": Decimal("1.5")}, content_type=None)
+    found = amqp.triage(odd)
+    assert found is not None and "b'vela2.score'" in found.reason and found.ids == ["r-3"]
+    assert base64.b64decode(json.loads(odd.body)["body"]) == b"\x00\x01"
 
     on_amqp = create_app(WorkerSettings(checkpoint=str(demo_dir), broker_url="amqp://guest:guest@127.0.0.1:5672/x"))
     on_redis = create_app(WorkerSettings(checkpoint=str(demo_dir)))
