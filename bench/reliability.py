@@ -19,7 +19,8 @@ engine's JSON stats line at shutdown. After the scenario settles, every request 
 
 With `--broker amqp://USER:PW@HOST:PORT` (this host's RabbitMQ; `rabbitmqctl` makes a vhost per
 scenario) the suite runs the RabbitMQ scenarios instead (AMQP_SCENARIOS: sigkill, sigterm,
-broker_drop, duplicate, poison), results in a fresh redis-server each.
+broker_drop, broker_restart, duplicate, poison, malformed), results in a fresh redis-server each;
+broker_restart stops and starts the RabbitMQ application (`rabbitmqctl stop_app` / `start_app`).
 
 Scenarios: sigkill, sigterm, redis_restart, malformed, oversized, oom, duplicate, visibility,
 poison, redis_down, redis_full, bad_id, queue_items (also over rediss:// when redis-server has
@@ -42,6 +43,7 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -500,14 +502,27 @@ def set_body(env: dict[str, Any], body: bytes) -> dict[str, Any]:
     return env
 
 
+def _retried_submit_errors() -> tuple[type[BaseException], ...]:
+    import amqp.exceptions
+    import kombu.exceptions
+
+    # Redis away; RabbitMQ away (refused, forced closed, kombu's retries given up) or nacking a publish
+    return (redis_lib.ConnectionError, redis_lib.TimeoutError, OSError, kombu.exceptions.OperationalError,
+            amqp.exceptions.ConnectionError, amqp.exceptions.MessageNacked)
+
+
+RETRIED_SUBMIT_ERRORS = _retried_submit_errors()
+
+
 class Producer(threading.Thread):
     """Submits rows in small batches at a steady pace through producer.Client; on a connection
     error it records the error and retries the same batch with exponential backoff (0.1 s doubling
-    to 2 s), so a Redis outage delays submissions and loses none."""
+    to 2 s), so a Redis (or, with `broker_url`, a RabbitMQ) outage delays submissions and loses none."""
 
-    def __init__(self, redis_url: str, rows: list[dict[str, Any]], *, per_s: float, batch: int = 10):
+    def __init__(self, redis_url: str, rows: list[dict[str, Any]], *, per_s: float, batch: int = 10,
+                 broker_url: str | None = None):
         super().__init__(daemon=True)
-        self.client = Client(redis_url, model=MODEL)
+        self.client = Client(redis_url, model=MODEL, broker_url=broker_url)
         self.rows = rows
         self.per_s = per_s
         self.batch = batch
@@ -527,7 +542,7 @@ class Producer(threading.Thread):
                 try:
                     self.submitted += self.client.submit_many(part)
                     break
-                except (redis_lib.ConnectionError, redis_lib.TimeoutError) as e:
+                except RETRIED_SUBMIT_ERRORS as e:
                     self.errors += 1
                     self.first_error = self.first_error or f"{type(e).__name__}: {e}"
                     t_fail = t_fail or time.monotonic()
@@ -2017,15 +2032,253 @@ def amqp_poison(s: Suite, out: Outcome) -> None:
                       **worker_notes(workers)})
 
 
-# Run instead of SCENARIOS with --broker amqp://... Not here yet: `malformed` (Celery drops queue
-# items that are not messages of ours on amqp, see README "Choosing a broker") and a full RabbitMQ
-# restart (the server on this host is shared; broker_drop closes this vhost's connections instead).
+def amqp_publish_raw(url: str, items: list[tuple[bytes, dict[str, Any] | None, str | None]]) -> None:
+    """Publish (body, headers, content type) to the online quorum queue exactly as given (plain kombu,
+    publisher confirms): deliveries a producer of ours would never send."""
+    from kombu import Connection
+    from kombu import Queue as KombuQueue
+
+    queue = KombuQueue(QUEUE, routing_key=QUEUE, durable=True, queue_arguments=keys.AMQP_QUEUE_ARGUMENTS)
+    with Connection(url, connect_timeout=5, transport_options={"confirm_publish": True}) as conn:
+        producer = conn.Producer()
+        for body, headers, content_type in items:
+            producer.publish(body, exchange="", routing_key=QUEUE, headers=headers, content_type=content_type,
+                             content_encoding="binary", declare=[queue], delivery_mode=2)
+
+
+def as_delivery(env: dict[str, Any]) -> tuple[bytes, dict[str, Any] | None, str | None]:
+    """A built (maybe tampered) envelope as what RabbitMQ carries: raw body, headers, content type."""
+    return base64.b64decode(env["body"]), env["headers"], env["content-type"]
+
+
+def amqp_malformed(s: Suite, out: Outcome) -> None:
+    """scenario_malformed on RabbitMQ: undecodable bodies, wrong task names (a Celery built-in too),
+    schema-invalid payloads, bad headers, a wrong content type, protocol 1, a body kombu cannot
+    decompress and deliveries that are no Celery message at all, published raw among good traffic.
+    The worker's consumer triages every delivery before Celery dispatches it (worker.amqp): every
+    bad one that carries an id gets an error answer of the right type, those without go to the
+    dead-letter list with their reason, each acked only after that is stored; the good ones are all
+    answered ok and the worker keeps running."""
+    r, v = s.redis(), s.vhost()
+    rc = r.client()
+    w = s.worker(r.url()).wait_ready()
+    tr = Tracker(r.url())
+    rng = random.Random(8)
+    k = max(1, s.n(10, minimum=1))
+    items: list[tuple[bytes, dict[str, Any] | None, str | None]] = []
+    want: dict[str, str] = {}  # id -> expected error type
+    base = good_row("x", 0)
+
+    def bad(prefix: str, etype: str, make: Callable[[str], tuple[bytes, dict[str, Any] | None, str | None]]) -> None:
+        for i in range(k):
+            rid = f"{prefix}-{i}"
+            items.append(make(rid))
+            want[rid] = etype
+
+    def ours(rid: str, body: bytes | None = None, content_type: str = "application/json", **headers: Any) -> Any:
+        env = raw_message([{**base, "id": rid}])
+        env["headers"].update(headers)
+        return (body if body is not None else as_delivery(env)[0]), env["headers"], content_type
+
+    bad("notjson", "invalid_request", lambda rid: ours(rid, b"{not json"))
+    bad("notutf8", "invalid_request", lambda rid: ours(rid, b"\xff\xfe\x00"))
+    bad("badargs", "invalid_request", lambda rid: ours(rid, json.dumps([[base], {"bogus": 1}, {}]).encode()))
+    bad("wrongtask", "invalid_request", lambda rid: ours(rid, task="vela2.no_such_task"))
+    bad("builtin", "invalid_request", lambda rid: ours(rid, task="celery.backend_cleanup"))  # never run
+    bad("badexpires", "invalid_request", lambda rid: ours(rid, expires="next tuesday"))
+    bad("pickle", "invalid_request", lambda rid: ours(rid, content_type="application/x-python-serialize"))
+    bad("gzip", "invalid_request", lambda rid: ours(rid, compression="application/x-gzip"))  # kombu cannot decompress
+    bad("proto1", "invalid_request",
+        lambda rid: (json.dumps({"task": keys.TASK_NAME, "id": rid, "args": [{**base, "id": rid}]}).encode(), None,
+                     "application/json"))
+    invalid = [
+        ("oneopt", "invalid_request", {**base, "questions": [{"options": ["yes"]}]}),
+        ("notext", "invalid_request", {k_: v_ for k_, v_ in base.items() if k_ != "text"}),
+        ("inttext", "invalid_request", {**base, "text": 42}),
+        ("badtype", "invalid_request", {**base, "task": "regress:x"}),
+        (
+            "s1model",
+            "model_mismatch",
+            {"model": "other-model", "input": "hi", "tasks": [{"name": "t", "kind": "choice", "options": ["a", "b"]}]},
+        ),
+    ]
+    for prefix, etype, obj in invalid:
+        bad(prefix, etype, lambda rid, obj=obj: as_delivery(raw_message([{**obj, "id": rid}])))
+    # a chunk mixing good and bad rows: each row answered under its own id
+    chunk_good = []
+    for i in range(k):
+        g, b = f"chunkgood-{i}", f"chunkbad-{i}"
+        items.append(as_delivery(raw_message([good_row(g, i), {**base, "id": b, "questions": [{"options": ["only"]}]}],
+                                             chunk=True)))
+        want[b] = "invalid_request"
+        chunk_good.append(g)
+    late = [f"late-{i}" for i in range(k)]
+    items += [as_delivery(raw_message([{**base, "id": rid}], expires=_past())) for rid in late]
+    # a message of ours forging the refusal headers: answered ok, nothing stored under the forged ids
+    forged = [f"forged-{i}" for i in range(k)]
+    items += [ours(rid, vela2_refused="forged", vela2_refused_ids=[f"victim-{rid}"]) for rid in forged]
+    # no id to answer under: dead-lettered with the reason
+    garbage: list[tuple[bytes, dict[str, Any] | None, str | None]] = [
+        (b"this is not a message", None, "text/plain"), (json.dumps({"no": "envelope"}).encode(), None, None),
+        (b"", None, "application/json"), (json.dumps([1, 2, 3]).encode(), {"task": "vela2.no_such_task"}, None)]
+    no_id = raw_message([{**base, "id": "noid"}])
+    del no_id["headers"]["id"]
+    unanswerable = [garbage[i % len(garbage)] for i in range(2 * k)] + [as_delivery(no_id)] * k
+    items += unanswerable
+    tr.add(list(want) + late + forged)
+    good = good_rows("good", s.n(600))
+    tr.add([g["id"] for g in good] + chunk_good)
+    mixed = [as_delivery(json.loads(build_message([g], QUEUE).payload)) for g in good] + items
+    rng.shuffle(mixed)
+    amqp_publish_raw(v.url, mixed)
+    done = tr.wait(SETTLE_TIMEOUT_S, until=lambda: amqp_drained(v))
+    out.check("all answered and the queues drained", done)
+    out.check("the worker survived the garbage", w.alive())
+    stop_all([w], out)
+    out.check("every delivery acked (none ready again once the worker's connection closed)",
+              amqp_drained(v), {"ready": v.ready(QUEUE)})
+    raws = out.settle(tr)
+    wrong = {rid: error_type(raws[rid]) for rid, t in want.items() if error_type(raws[rid]) != t}
+    out.check("every bad message with an id got an error answer of the expected type", not wrong,
+              dict(list(wrong.items())[:10]))
+    oks = [g["id"] for g in good] + chunk_good + forged
+    out.check("every good request (chunked and forged-header ones too) answered ok",
+              all(classify(raws[i]) == "ok" for i in oks))
+    out.check("requests past their deadline answered expired", all(classify(raws[i]) == "expired" for i in late))
+    victims = [f"victim-{rid}" for rid in forged]
+    out.check("nothing stored under the ids a forged refusal header named",
+              not any(rc.get(keys.result_key(x)) for x in victims))
+    dead = [json.loads(x) for x in rc.lrange(keys.dead_letter(MODEL), 0, -1)]
+    examples = {}
+    for rid in want:
+        kind = rid.rsplit("-", 1)[0]
+        if kind not in examples and raws[rid] is not None:
+            err = (json.loads(raws[rid]).get("vela2") or {}).get("error") or {}
+            examples[kind] = f"{err.get('type')}: {str(err.get('message'))[:200]}"
+    out.notes.update({
+        "broker": "amqp",
+        "error_answers": examples,
+        "injected": {"bad_with_id": len(want), "kinds": sorted({rid.rsplit("-", 1)[0] for rid in want}),
+                     "past_deadline": len(late), "forged_refusal_headers": len(forged),
+                     "unanswerable_items": len(unanswerable)},
+        "dead_letter_entries": len(dead),
+        "dead_letter_reasons": sorted({str(d.get("reason"))[:120] for d in dead}),
+        **worker_notes([w]),
+    })
+    out.check("every delivery without an id is on the dead-letter list with a reason (and nothing else is)",
+              len(dead) == len(unanswerable) and all(d.get("reason") and "item" in d for d in dead),
+              f"{len(dead)} entries for {len(unanswerable)} items")
+    out.check("the worker never let Celery handle one (no NotRegistered, no decode error of Celery's)",
+              "NotRegistered" not in w.log() and "Can't decode message body" not in w.log())
+
+
+RABBITMQ_DOWN_S = 3.0  # how long broker_restart keeps the RabbitMQ application stopped
+
+
+def _rabbitmqctl(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+def other_rabbitmq_clients(vhost: str) -> list[str]:
+    """The vhosts of connections on this host's RabbitMQ that are not the scenario's (other users
+    of a shared server: the restart would cut them off too)."""
+    got = _rabbitmqctl("list_connections", "vhost", "--no-table-headers")
+    return [x.strip() for x in got.stdout.splitlines() if x.strip() and x.strip() != vhost]
+
+
+def restart_rabbitmq(down_s: float) -> dict[str, Any]:
+    """Stop the RabbitMQ application of this host's node (every connection closes, nothing is served;
+    quorum queues keep their messages on disk), keep it down `down_s`, start it again. The node's
+    Erlang VM keeps running, and start_app runs whatever happened (finally), then await_startup, so
+    a server other users share is always left running. Returns timings and whether it answers."""
+    t0 = time.monotonic()
+    stopped = None
+    try:
+        got = _rabbitmqctl("stop_app")
+        if got.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl stop_app failed: {got.stderr.strip()[:500]}")
+        stopped = time.monotonic()
+        time.sleep(down_s)  # the outage itself
+    finally:
+        t_start = time.monotonic()
+        started = _rabbitmqctl("start_app", timeout_s=300)
+        _rabbitmqctl("await_startup", "--timeout", "120", timeout_s=180)
+    return {"stop_app_s": round((stopped or t_start) - t0, 1), "down_s": round(time.monotonic() - (stopped or t0), 1),
+            "start_app_s": round(time.monotonic() - t_start, 1), "start_app_exit": started.returncode,
+            "answers_after": RabbitVhost.unavailable() is None}
+
+
+def amqp_broker_restart(s: Suite, out: Outcome) -> None:
+    """The whole RabbitMQ goes away mid-run and comes back (rabbitmqctl stop_app, RABBITMQ_DOWN_S
+    down, start_app; not only close_all_connections as in broker_drop): a worker holding a batch
+    and a buffer, and a producer submitting at a steady pace, both reconnect; the quorum queues
+    keep every message; what the worker held is delivered again and answered (or skipped, when its
+    answer was stored before the outage). The node is shared: the scenario waits up to a minute for
+    other vhosts' clients to go and does not restart it while any remain (a failed check), and it
+    always starts the application again (see restart_rabbitmq)."""
+    r, v = s.redis(), s.vhost()
+    others: list[str] = []
+    deadline = time.monotonic() + 60
+    while True:
+        others = other_rabbitmq_clients(v.name)
+        if not others or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    out.check("no other clients on the shared RabbitMQ (else it is not restarted)", not others,
+              sorted(set(others))[:10])
+    if others:
+        return
+    client = Client(r.url(), model=MODEL, broker_url=v.url)
+    tr = Tracker(r.url())
+    n = s.n(400, minimum=40)
+    tr.add(client.submit_many(good_rows("restart", n)))
+    client.close()
+    w = s.worker(r.url(), env={TEST_DELAY_ENV: "0.2"}, max_batch_tokens=128, max_buffered=12).wait_ready()
+    wait_until(lambda: tr.poll() < n - 4, 120, "the worker answering")
+    prod = Producer(r.url(), good_rows("during", s.n(200, minimum=30)), per_s=10, broker_url=v.url)
+    prod.start()
+    wait_until(lambda: len(prod.submitted) >= 10, 60, "the producer submitting")
+    answered_before = tr.answered()
+    timing = restart_rabbitmq(RABBITMQ_DOWN_S)
+    out.check("RabbitMQ started again and answers", timing["start_app_exit"] == 0 and timing["answers_after"], timing)
+    t_up = time.monotonic()
+    prod.join(300)
+    out.check("the producer submitted every row, retrying across the outage", not prod.is_alive()
+              and len(prod.submitted) == len(prod.rows), {"submitted": len(prod.submitted), "rows": len(prod.rows)})
+    tr.add(prod.submitted)
+    done = tr.wait(SETTLE_TIMEOUT_S, until=lambda: amqp_drained(v))
+    settled_s = time.monotonic() - t_up
+    out.check("all answered (those queued before and sent across the outage) and the queues drained", done)
+    out.check("the worker survived the outage", w.alive())
+    stop_all([w], out)
+    queues = v.queues()
+    out.check("the queues are still quorum queues, nothing left in them",
+              all(queues.get(q, {}).get("type") == "quorum" for q in (QUEUE, keys.backfill_queue(MODEL)))
+              and amqp_drained(v), queues)
+    out.notes.update({"injected": f"rabbitmqctl stop_app, {RABBITMQ_DOWN_S:g} s down, start_app, mid-run",
+                      "broker": "amqp", "restart": timing, "answered_before_outage": answered_before,
+                      "all_answered_after_start_app_s": round(settled_s, 1),
+                      **prod.notes(), **worker_notes([w])})
+    out.settle(tr)
+    out.check("every answer ok", out.answered_ok == out.requests, out.answered_ok)
+    tr.close()
+
+
+# Run instead of SCENARIOS with --broker amqp://... `malformed` publishes its bad deliveries raw to
+# the quorum queue (the worker's consumer triages them, worker.amqp); `broker_restart` stops and
+# starts the RabbitMQ application of this host's node (left running whatever happens; not while
+# other vhosts have clients). Not here: those about Redis as broker (redis_restart, redis_down,
+# redis_full, visibility: RabbitMQ has no visibility timeout) or that LPUSH raw Redis list items
+# (queue_items, bad_id, deep_body, oversized), start_failures (amqp's are tests/worker/test_amqp.py)
+# and oom (a device fault, the same whatever the broker).
 AMQP_SCENARIOS: dict[str, Callable[[Suite, Outcome], None]] = {
     "sigkill": amqp_sigkill,
     "sigterm": amqp_sigterm,
     "broker_drop": amqp_broker_drop,
+    "broker_restart": amqp_broker_restart,
     "duplicate": amqp_duplicate,
     "poison": amqp_poison,
+    "malformed": amqp_malformed,
 }
 
 

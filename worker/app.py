@@ -9,7 +9,9 @@ before its backfill queue (`vela2.<model>.backfill`): on Redis kombu's `queue_or
 BRPOPs the queues in the listed order; on RabbitMQ (quorum queues) each queue has its own consumer
 and prefetch credit, and the engine runs held online requests first. Pool solo, one process per
 device: the `vela2.score` task's Strategy hands every message to the engine (worker.engine) instead of the pool, and the
-engine acks a message only after all its results are stored. The prefetch count (max_buffered)
+engine acks a message only after all its results are stored; what is no message of ours is wrapped
+before it gets there (the Redis channel, worker.broker; on RabbitMQ the consumer, worker.amqp) and
+answered or dead-lettered by the engine. The prefetch count (max_buffered)
 bounds what the engine holds; at start the worker measures its worst batch and refuses to run
 when the visibility timeout could expire on a message it still holds.
 """
@@ -148,6 +150,8 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     if broker_url.startswith(("redis://", "rediss://")):
         app.conf.broker_transport = "worker.broker:RedisTransport"  # triaged items, writes retried
         app.conf.broker_use_ssl = ssl_options(broker_url)
+    if amqp:  # every delivery triaged before Celery dispatches it, as the Redis channel does its items
+        app.conf.worker_consumer = "worker.amqp:TriagingConsumer"
     # RabbitMQ: durable quorum queues (Celery then sets a per-consumer prefetch, the only kind quorum
     # queues have); the online and the backfill queue are two consumers with a credit each, so each
     # gets half of max_buffered: what the engine holds stays within it, and a backfill backlog never

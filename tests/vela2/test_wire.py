@@ -24,6 +24,7 @@ from vela2.wire.messages import (
     decode_delivery,
     decode_envelope,
     message_id,
+    refusal,
     refused_ids,
     triage,
 )
@@ -179,6 +180,33 @@ def test_protocol_1_messages_are_refused_under_their_id():
     item = json.dumps({"body": body, "properties": {"delivery_tag": "t", "body_encoding": "base64"}})
     t = triage(item, Q, "tag-1")
     assert "protocol 1" in (t.refused or "") and refused_ids(t.envelope["headers"]) == ["p1"]
+
+
+def _delivery(**headers: Any) -> tuple[dict[str, Any], bytes]:
+    """(headers, raw body) of a message of ours as RabbitMQ delivers it, the headers changed."""
+    env = json.loads(build_message([ROW], Q).payload)
+    return {**env["headers"], **headers}, base64.b64decode(env["body"])
+
+
+@pytest.mark.parametrize(("headers", "body", "content_type", "reason", "ids"), [
+    (*_delivery(task="celery.backend_cleanup"), "application/json", "'celery.backend_cleanup' is not served", ["r-1"]),
+    ({}, b"not json", "text/plain", "a message with no task is not served", []),
+    ({}, json.dumps({"task": "vela2.score", "id": "p1", "args": [ROW]}).encode(), None, "protocol 1", ["p1"]),
+    ({k: v for k, v in _delivery()[0].items() if k != "id"}, b"[]", "application/json", "message id is missing", []),
+    (*_delivery(id=7), "application/json", "message id must be a string; got int", []),
+    (*_delivery(compression="application/x-gzip"), "application/json", "compressed", ["r-1"]),
+    (*_delivery(), "application/x-python-serialize", "content-type", ["r-1"]),
+    (["a", "list"], _delivery()[1], "application/json", "headers must be an object", ["r-1"]),
+])
+def test_refusal_names_what_is_wrong_with_a_delivery_and_the_ids_found(headers, body, content_type, reason, ids):
+    found = refusal(headers, body, content_type)
+    assert found is not None and reason in found.reason and found.ids == ids
+
+
+def test_refusal_passes_our_messages_whatever_their_body():
+    headers, body = _delivery()
+    assert refusal(headers, body, "application/json") is None
+    assert refusal(headers, b"{not json", None) is None  # the engine answers a bad body under the message id
 
 
 @settings(max_examples=300, deadline=None)

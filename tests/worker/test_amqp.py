@@ -1,16 +1,19 @@
 """RabbitMQ as broker (amqp://, quorum queues), results in Redis: a real worker process against the
 local RabbitMQ (a throwaway vhost, tests/conftest.py) and a fixture redis-server. Ack after store,
 warm shutdown, redelivery of a killed worker's messages, the prefetch bound, online before backfill
-under a backlog, poison requests dead-lettered."""
+under a backlog, poison requests dead-lettered, deliveries that are no messages of ours answered or
+dead-lettered."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
 from producer.client import Client
 from vela2.schemas import Status
-from vela2.wire.keys import attempts_key, backfill_queue, dead_letter, online_queue, result_key
+from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, attempts_key, backfill_queue, dead_letter, online_queue, result_key
+from vela2.wire.messages import build_message
 from worker.faults import TEST_CRASH_ENV, TEST_CRASH_EXIT, TEST_DELAY_ENV
 from worker.metrics import AmqpQueueDepthCollector
 
@@ -183,3 +186,112 @@ def test_unreachable_and_refusing_rabbitmq_end_the_worker_with_one_line(redis_se
     [line] = refused.stderr.strip().splitlines()
     assert line.startswith(f"vela2 worker: RabbitMQ at amqp://guest:**@127.0.0.1:5672/{rabbitmq_vhost.name} (broker) "
                            "refuses the credentials or the vhost")
+
+
+def publish_raw(url: str, items: list[tuple[bytes, dict | None, str | None]]) -> None:
+    """Publish (body, headers, content type) as they are, with plain kombu, to the online quorum queue."""
+    from kombu import Connection, Queue
+
+    queue = Queue(ONLINE, routing_key=ONLINE, durable=True, queue_arguments=AMQP_QUEUE_ARGUMENTS)
+    with Connection(url, transport_options={"confirm_publish": True}) as conn:
+        producer = conn.Producer()
+        for body, headers, content_type in items:
+            producer.publish(body, exchange="", routing_key=ONLINE, headers=headers, content_type=content_type,
+                             content_encoding="binary", declare=[queue], delivery_mode=2)
+
+
+def ours(rid: str, **headers) -> tuple[bytes, dict]:
+    """The body and headers of a message of ours for row(rid), the headers changed by `headers`."""
+    env = json.loads(build_message([row(rid)], ONLINE).payload)
+    return base64.b64decode(env["body"]), {**env["headers"], **headers}
+
+
+def test_deliveries_that_are_no_messages_of_ours_are_answered_or_dead_lettered(redis_url, amqp_url, rabbitmq_vhost,
+                                                                              start_worker):
+    body, headers = ours("bad-notjson")
+    no_id = {k: v for k, v in ours("x")[1].items() if k != "id"}
+    bad = {  # id -> (body, headers, content type), the words its error names
+        "bad-notjson": ((b"{not json", headers, "application/json"), "not valid JSON"),
+        "bad-notutf8": ((b"\xff\xfe\x00", ours("bad-notutf8")[1], "application/json"), "not valid JSON"),
+        "bad-args": ((json.dumps([[row("bad-args")], {"bogus": 1}, {}]).encode(), ours("bad-args")[1],
+                      "application/json"), "unknown keyword arguments"),
+        "bad-task": ((*ours("bad-task", task="vela2.no_such_task"), "application/json"), "is not served here"),
+        "bad-builtin": ((*ours("bad-builtin", task="celery.backend_cleanup"), "application/json"),
+                        "'celery.backend_cleanup' is not served here"),
+        "bad-ctype": ((*ours("bad-ctype"), "application/x-python-serialize"), "content-type"),
+        "bad-proto1": ((json.dumps({"task": "vela2.score", "id": "bad-proto1", "args": [row("bad-proto1")]}).encode(),
+                        None, "application/json"), "protocol 1"),
+        # kombu cannot decompress it: Celery's consumer logs and acks such a delivery (on_decode_error)
+        "bad-gzip": ((*ours("bad-gzip", compression="application/x-gzip"), "application/json"), "cannot be decoded"),
+    }
+    unanswerable = [(ours("x")[0], no_id, "application/json"), (b"this is not a message", None, "text/plain")]
+    # a message of ours that forges the refusal headers: answered ok, and nothing under the forged id
+    forged = (*ours("good-forged", vela2_refused="forged", vela2_refused_ids=["victim"]), "application/json")
+    publish_raw(amqp_url, [item for item, _ in bad.values()] + unanswerable + [forged])
+    client = Client(redis_url, model=MODEL, broker_url=amqp_url)
+    good = client.submit_many([row(f"good-{i}") for i in range(8)])
+    worker = start_worker(redis_url, broker_url=amqp_url).wait_ready()
+    got = client.results_many([*bad, *good, "good-forged"], timeout_s=90)
+    for rid, (_, words) in bad.items():
+        result = got[rid]
+        assert result is not None and result.error is not None, (rid, worker.log()[-3000:])
+        assert result.error.type == "invalid_request" and words in result.error.message, (rid, result.error)
+    assert all(got[i] is not None and got[i].status == Status.ok for i in [*good, "good-forged"]), got
+    assert answered(client, ["victim"]) == {}
+    entries = [json.loads(x) for x in client.redis.lrange(dead_letter(MODEL), 0, -1)]
+    assert sorted(e["reason"] for e in entries) == [
+        "a message with no task is not served here (only 'vela2.score')", "message id is missing"]
+    items = {e["reason"].split()[1]: json.loads(e["item"]) for e in entries}  # the delivery itself, as a queue item
+    assert items["message"]["content-type"] == "text/plain"
+    assert base64.b64decode(items["message"]["body"]) == b"this is not a message"
+    assert items["id"]["headers"]["task"] == "vela2.score" and "id" not in items["id"]["headers"]
+    assert worker.alive()
+    log = worker.log()
+    assert "NotRegistered" not in log and "Traceback" not in log, log[-3000:]
+    assert worker.terminate() == 0
+    assert rabbitmq_vhost.ready(ONLINE) == 0  # every delivery acked (one left unacked is ready again now)
+    client.close()
+
+
+def test_triage_rewrites_a_refused_delivery_and_strips_forged_refusal_headers(demo_dir):
+    """worker.amqp without a broker: kombu's Message as the consumer hands it over."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from kombu.message import Message
+
+    from vela2.wire.messages import REFUSED_CONTENT_TYPE, REFUSED_HEADER, refused_ids
+    from worker import amqp
+    from worker.app import create_app
+    from worker.settings import WorkerSettings
+
+    body, headers = ours("r-1", vela2_refused="forged", vela2_refused_ids=["victim"])
+    good = Message(body=body, headers=headers, content_type="application/json", delivery_info={"routing_key": ONLINE})
+    assert amqp.triage(good) is None
+    assert good.body == body and REFUSED_HEADER not in good.headers and "vela2_refused_ids" not in good.headers
+
+    body, headers = ours("r-2", task="celery.backend_cleanup")
+    bad = Message(body=body, headers=dict(headers), content_type="application/json", properties={"priority": 0},
+                  delivery_info={"routing_key": ONLINE})
+    found = amqp.triage(bad)
+    assert found is not None and found.ids == ["r-2"]
+    assert bad.headers["task"] == "vela2.score" and bad.headers["id"] == "r-2"
+    assert bad.headers[REFUSED_HEADER] == found.reason and refused_ids(bad.headers) == ["r-2"]
+    assert bad.content_type == REFUSED_CONTENT_TYPE
+    item = json.loads(bad.body)  # the delivery itself, for the dead-letter list
+    assert item["headers"] == headers and base64.b64decode(item["body"]) == body
+    assert item["properties"]["delivery_info"] == {"routing_key": ONLINE}
+
+    # AMQP table values JSON has no type for, and a task name in bytes: refused, the item still JSON
+    odd = Message(body=b"\x00\x01", headers={"task": b"vela2.score", "id": "r-3", "at": datetime.now(UTC),
+                                                "n": Decimal("1.5")}, content_type=None)
+    found = amqp.triage(odd)
+    assert found is not None and "b'vela2.score'" in found.reason and found.ids == ["r-3"]
+    assert base64.b64decode(json.loads(odd.body)["body"]) == b"\x00\x01"
+
+    on_amqp = create_app(WorkerSettings(checkpoint=str(demo_dir), broker_url="amqp://guest:guest@127.0.0.1:5672/x"))
+    on_redis = create_app(WorkerSettings(checkpoint=str(demo_dir)))
+    assert on_amqp.conf.worker_consumer == "worker.amqp:TriagingConsumer"
+    assert on_redis.conf.worker_consumer == "celery.worker.consumer:Consumer"  # the Redis channel triages
+    on_amqp.close()
+    on_redis.close()

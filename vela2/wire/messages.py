@@ -12,7 +12,10 @@ The requests of a bulk job carry its id in the `vela2_job` header (vela2.wire.jo
 counts their results on the job's record as it stores them.
 `build_message` writes the layout; `decode_delivery` reads a delivered message back (headers +
 body + content type -> its id, its requests with the ids they are answered under, its expiry), so
-the worker and every fake of it decode exactly what the producer built.
+the worker and every fake of it decode exactly what the producer built. Before that, every
+delivery passes `refusal` (on Redis inside `triage`, on RabbitMQ in worker.amqp): anything that is
+no message of ours becomes a message of our task carrying the reason and the ids found in it
+(`refused_headers`), which the engine answers or dead-letters.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, LimitExceeded
@@ -364,13 +367,69 @@ def answerable_ids(mid: str, body: bytes | str) -> list[str]:
 
 # --- what a worker's channel does with a queue item ------------------------------------------------
 
-REFUSED_HEADER = "vela2_refused"  # set by the worker's channel on a queue item it took apart
+REFUSED_HEADER = "vela2_refused"  # set by the worker's triage on a delivery it took apart: the reason
+REFUSED_IDS_HEADER = "vela2_refused_ids"  # beside it: the ids found in the delivery
 REFUSED_CONTENT_TYPE = "application/x-vela2-refused"
 
 
 class Refused(InvalidRequest):
-    """A queue item that is no message of ours; the channel wrapped it so it is answered or
-    dead-lettered like any other delivery (ack after store, redelivered if the worker dies)."""
+    """A delivery that is no message of ours; the worker's triage (the Redis channel, the RabbitMQ
+    consumer) wrapped it so it is answered or dead-lettered like any other delivery (ack after
+    store, redelivered if the worker dies)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a delivery is no message of ours, and the ids found in it that its error may be stored
+    under (usable keys only; empty: it can only be dead-lettered)."""
+
+    reason: str
+    ids: list[str] = field(default_factory=list)
+
+
+def refusal(headers: Any, body: bytes | None, content_type: Any, *, body_problem: str | None = None,
+            task: str = TASK_NAME) -> Refusal | None:
+    """Check a delivery (its headers, raw body and content type, as either broker hands them over)
+    is a protocol-2 message of `task` that the engine can take: dict headers naming our task and a
+    usable id, no compression, JSON content. Returns None when it is, else the Refusal (a protocol-1
+    message, or one whose headers are no object, is answered under the ids its body names).
+    `body_problem`: why the transport could not read the body (the Redis envelope's encoding; then
+    `body` is None). The one check both brokers run: the Redis channel on every queue item it takes
+    (`triage`), the RabbitMQ consumer on every delivery (worker.amqp)."""
+    try:
+        if not isinstance(headers, dict) or "task" not in headers:
+            found = _protocol1_id(body)
+            if found is not None:
+                raise _WithIds("Celery protocol 1 messages are not supported: send protocol 2", [found])
+        if not isinstance(headers, dict):
+            raise _WithIds(f"envelope headers must be an object; got {type(headers).__name__}",
+                           list(answerable_ids("", body)) if body is not None else [])
+        mid = message_id(headers)
+        if headers.get("task") != task:
+            named = f"task {str(headers['task'])[:80]!r} is" if "task" in headers else "a message with no task is"
+            raise _WithIds(f"{named} not served here (only {task!r})", [mid] if mid else [])
+        if mid is None or id_problem(mid):
+            raise InvalidRequest(f"message id {'is missing' if 'id' not in headers else id_problem(headers['id'])}")
+        if body_problem is not None:
+            raise _WithIds(body_problem, [mid])
+        if headers.get("compression") is not None:
+            raise _WithIds("compressed messages are not supported", [mid])
+        if content_type not in (None, "application/json"):
+            raise _WithIds(f"message content-type must be application/json; got {str(content_type)[:80]!r}", [mid])
+    except _WithIds as e:
+        return Refusal(e.reason, e.ids)
+    except InvalidRequest as e:
+        return Refusal(str(e))
+    return None
+
+
+def refused_headers(found: Refusal, fallback_id: str) -> dict[str, Any]:
+    """The headers of a message of our task standing for a refused delivery: the engine answers the
+    ids in them with the reason, or dead-letters the delivery (its body) when there are none. Its id
+    is the first id found, else `fallback_id` (named in the dead-letter entry only)."""
+    mid = found.ids[0] if found.ids else fallback_id
+    return {"lang": "py", "task": TASK_NAME, "id": mid, REFUSED_HEADER: found.reason[:1000],
+            REFUSED_IDS_HEADER: list(found.ids), "retries": 0, "expires": None}
 
 
 @dataclass(frozen=True)
@@ -383,55 +442,39 @@ class Triage:
 
 
 def triage(payload: bytes | str, queue: str, tag: str, *, task: str = TASK_NAME) -> Triage:
-    """Check a raw queue item is a protocol-2 message of `task` that kombu and the engine can take
-    (a JSON object of bounded nesting; dict headers naming our task and a usable id; a properties
-    object; a base64 or plain string body; JSON content; no compression). Anything else is wrapped
-    in an envelope of our task carrying the raw item, its reason and the ids found in it, so the
-    engine answers those ids with the reason, or dead-letters the item. The delivery tag is always
-    `tag` (the one the take script recorded the item under, vela2.wire.taking) and the routing key
-    the queue the item came from, whatever the item claims."""
+    """Check a raw Redis queue item is a protocol-2 message of `task` that kombu and the engine can
+    take: a JSON object of bounded nesting with a properties object and a base64 or plain string
+    body, which passes `refusal`. Anything else is wrapped in an envelope of our task carrying the
+    raw item, its reason and the ids found in it, so the engine answers those ids with the reason,
+    or dead-letters the item. The delivery tag is always `tag` (the one the take script recorded
+    the item under, vela2.wire.taking) and the routing key the queue the item came from, whatever
+    the item claims."""
     raw = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else payload
     try:
         env = decode_json(raw, "queue item")
         if not isinstance(env, dict):
             raise InvalidRequest(f"queue item must be a JSON object; got {type(env).__name__}")
-        headers, props = env.get("headers"), env.get("properties")
+        props = env.get("properties")
         if not isinstance(props, dict):
             raise InvalidRequest(f"envelope properties must be an object; got {type(props).__name__}")
-        if not isinstance(headers, dict):
-            found = _protocol1_id(env)
-            if found is not None:
-                raise _WithIds("Celery protocol 1 messages are not supported: send protocol 2", [found])
-            raise _WithIds(f"envelope headers must be an object; got {type(headers).__name__}", _body_ids(env))
-        mid = message_id(headers)
-        if headers.get("task") != task:
-            raise _WithIds(f"task {str(headers.get('task'))[:80]!r} is not served here (only {task!r})",
-                           [mid] if mid else [])
-        if mid is None or id_problem(mid):
-            raise InvalidRequest(f"message id {id_problem(mid) or 'is missing'}")
-        if props.get("body_encoding") not in (None, "", "base64", "utf-8"):
-            raise _WithIds(f"body_encoding {str(props.get('body_encoding'))[:40]!r} is not base64", [mid])
-        if headers.get("compression") is not None:
-            raise _WithIds("compressed messages are not supported", [mid])
-        body = env.get("body")
-        if not isinstance(body, str):
-            raise _WithIds(f"message body must be a string; got {type(body).__name__}", [mid])
-        if props.get("body_encoding") == "base64":
-            try:
-                base64.b64decode(body, validate=True)
-            except ValueError:
-                raise _WithIds("message body is not valid base64", [mid]) from None
-        if env.get("content-type") not in (None, "application/json"):
-            raise _WithIds(f"message content-type must be application/json; got {env.get('content-type')!r}",
-                           [mid])
-    except _WithIds as e:
-        return Triage(_refused_envelope(raw, queue, tag, e.reason, e.ids), e.reason)
     except InvalidRequest as e:
-        return Triage(_refused_envelope(raw, queue, tag, str(e), []), str(e))
+        return Triage(_refused_envelope(raw, queue, tag, Refusal(str(e))), str(e))
+    body, problem = _envelope_body(env, props)
+    headers = env.get("headers")
+    found = refusal(headers, body, env.get("content-type"), body_problem=problem, task=task)
+    if found is not None:
+        return Triage(_refused_envelope(raw, queue, tag, found), found.reason)
     props["delivery_tag"] = tag
     props["delivery_info"] = {"exchange": "", "routing_key": queue}
-    headers.pop(REFUSED_HEADER, None)  # only the channel sets it
+    strip_refused(cast(dict[str, Any], headers))  # a dict (refusal checked); only the channel sets them
     return Triage(env)
+
+
+def strip_refused(headers: dict[str, Any]) -> None:
+    """Drop the refusal headers from a delivery that is a message of ours: only the worker's own
+    triage sets them (a producer's would make the engine answer ids of its choosing)."""
+    headers.pop(REFUSED_HEADER, None)
+    headers.pop(REFUSED_IDS_HEADER, None)
 
 
 class _WithIds(Exception):
@@ -443,51 +486,50 @@ class _WithIds(Exception):
         self.ids = [i for i in ids if i is not None and id_problem(i) is None]
 
 
-def _body_ids(env: dict[str, Any]) -> list[str | None]:
-    """The request ids a protocol-2 body names, when it can be read (an item refused for its
-    headers still gets its requests answered)."""
-    body = env.get("body")
+def _envelope_body(env: dict[str, Any], props: dict[str, Any]) -> tuple[bytes | None, str | None]:
+    """(the raw body of a Redis queue item, None) or (None, why it cannot be read)."""
+    body, encoding = env.get("body"), props.get("body_encoding")
+    if encoding not in (None, "", "base64", "utf-8"):
+        return None, f"body_encoding {str(encoding)[:40]!r} is not base64"
     if not isinstance(body, str):
-        return []
-    try:
-        if (env.get("properties") or {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body, validate=True).decode("utf-8", "surrogatepass")
-    except ValueError:
-        return []
-    return list(answerable_ids("", body))
+        return None, f"message body must be a string; got {type(body).__name__}"
+    if encoding == "base64":
+        try:
+            return base64.b64decode(body, validate=True), None
+        except ValueError:
+            return None, "message body is not valid base64"
+    return body.encode("utf-8", "surrogatepass"), None
 
 
-def _protocol1_id(env: dict[str, Any]) -> str | None:
+def _protocol1_id(body: bytes | None) -> str | None:
     """The task id of a Celery protocol-1 message (the task and id live in the body)."""
+    if body is None:
+        return None
     try:
-        body = env.get("body")
-        if (env.get("properties") or {}).get("body_encoding") == "base64" and isinstance(body, str):
-            body = base64.b64decode(body)
-        decoded = decode_json(body, "body") if isinstance(body, str | bytes) else None
-    except (InvalidRequest, ValueError):
+        decoded = decode_json(body, "body")
+    except InvalidRequest:
         return None
     if isinstance(decoded, dict) and "task" in decoded and id_problem(decoded.get("id")) is None:
         return str(decoded["id"])
     return None
 
 
-def _refused_envelope(raw: bytes, queue: str, tag: str, reason: str, ids: list[str]) -> dict[str, Any]:
+def _refused_envelope(raw: bytes, queue: str, tag: str, found: Refusal) -> dict[str, Any]:
     """An envelope of our task carrying a refused queue item (base64) for the engine to answer."""
-    mid = ids[0] if ids else f"refused-{tag}"
+    headers = refused_headers(found, f"refused-{tag}")
     return {
         "body": base64.b64encode(raw).decode("ascii"),
         "content-encoding": "binary",
         "content-type": REFUSED_CONTENT_TYPE,
-        "headers": {"lang": "py", "task": TASK_NAME, "id": mid, REFUSED_HEADER: reason[:1000],
-                    "vela2_refused_ids": ids, "retries": 0, "expires": None},
-        "properties": {"correlation_id": mid, "delivery_mode": 2, "priority": 0, "body_encoding": "base64",
+        "headers": headers,
+        "properties": {"correlation_id": headers["id"], "delivery_mode": 2, "priority": 0, "body_encoding": "base64",
                        "delivery_tag": tag, "delivery_info": {"exchange": "", "routing_key": queue}},
     }
 
 
 def refused_ids(headers: dict[str, Any]) -> list[str]:
     """The ids found in a refused item (set by the channel: they are safe keys)."""
-    ids = headers.get("vela2_refused_ids")
+    ids = headers.get(REFUSED_IDS_HEADER)
     return [i for i in ids if id_problem(i) is None] if isinstance(ids, list) else []
 
 
