@@ -81,9 +81,10 @@ def _message(rng: random.Random) -> tuple[_Text, dict[str, Any]]:
     first, last, company = rng.choice(FIRST), rng.choice(LAST), rng.choice(COMPANIES)
     intent, sentiment, topic = rng.choice(list(INTENTS)), rng.choice(list(SENTIMENTS)), rng.choice(list(TOPICS))
     email = f"{first.lower()}{rng.choice(['.', '_', ''])}{last.lower()}{rng.randint(1, 99)}@{rng.choice(DOMAINS)}"
-    phone = rng.choice([f"+1-555-{rng.randint(100, 999)}-{rng.randint(1000, 9999)}",
-                        f"({rng.randint(200, 999)}) {rng.randint(200, 999)}-{rng.randint(1000, 9999)}",
-                        f"+44 20 {rng.randint(1000, 9999)} {rng.randint(1000, 9999)}"])
+    # line numbers run 0000-9999 (the fictional 555-01xx numbers a reader types start with 0)
+    phone = rng.choice([f"+1-555-{rng.randint(100, 999)}-{rng.randint(0, 9999):04d}",
+                        f"({rng.randint(200, 999)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}",
+                        f"+44 20 {rng.randint(1000, 9999)} {rng.randint(0, 9999):04d}"])
     t = _Text()
     person = f"{first} {last}" if rng.random() < 0.7 else first
     mood = rng.choice(list(SENTIMENTS[sentiment]))
