@@ -49,6 +49,7 @@ from producer.client import (
 )
 from vela2.schemas import RowResult
 from vela2.wire import tracing
+from vela2.wire.connections import async_redis_client
 from vela2.wire.keys import is_amqp_url, queue_name, submitted_key
 from vela2.wire.messages import Message, deadline_to_expires
 from vela2.wire.results import (
@@ -216,12 +217,12 @@ class AsyncClient:
         broker: Any = None,
     ):
         self._owns_redis = redis is None  # aclose closes only a connection pool this client made
-        self.redis = redis if redis is not None else aioredis.Redis.from_url(redis_url)
+        self.redis = redis if redis is not None else async_redis_client(redis_url)
         self._owns_broker = broker is None and bool(broker_url)
         # the queues' broker: the result store's Redis unless the workers take from another broker
         # (RabbitMQ: the blocking publisher, run in a thread)
         self.broker = broker if broker is not None else (
-            (AmqpPublisher(broker_url) if is_amqp_url(broker_url) else aioredis.Redis.from_url(broker_url))
+            (AmqpPublisher(broker_url) if is_amqp_url(broker_url) else async_redis_client(broker_url))
             if broker_url else self.redis)
         self.model = model
         self.track_submitted = track_submitted

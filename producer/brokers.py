@@ -17,6 +17,7 @@ import json
 import threading
 from typing import Any
 
+from vela2.wire.connections import redis_client
 from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, is_amqp_url
 from vela2.wire.messages import Message
 
@@ -76,14 +77,13 @@ class AmqpPublisher:
 
 def connect(broker_url: str | None, store: Any) -> Any:
     """The broker connection of a producer: an AmqpPublisher for amqp:// URLs, a redis-py client for
-    another Redis, else `store` (the result store's client: one Redis for both)."""
+    another Redis (sentinel:// too: vela2.wire.connections), else `store` (the result store's client:
+    one Redis for both)."""
     if not broker_url:
         return store
     if is_amqp_url(broker_url):
         return AmqpPublisher(broker_url)
-    import redis
-
-    return redis.Redis.from_url(broker_url)
+    return redis_client(broker_url)
 
 
 def push(broker: Any, messages: list[Message]) -> None:

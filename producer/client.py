@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import redis as redis_lib
 from pydantic import BaseModel
 
 from producer import brokers
@@ -46,6 +45,7 @@ from vela2.config import LIMITS
 from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
 from vela2.schemas import RowResult, Status, error_result, parse_row
 from vela2.wire import tracing
+from vela2.wire.connections import redis_client
 from vela2.wire.keys import cancel_key, queue_name, result_key, scoped_id, submitted_key, tenant_problem, unscoped_id
 from vela2.wire.messages import Message, build_message, deadline_to_expires, request_digest, with_id
 from vela2.wire.results import (
@@ -347,7 +347,7 @@ class Client:
         broker_url: str | None = None,
         broker: Any = None,
     ):
-        self.redis = redis if redis is not None else redis_lib.Redis.from_url(redis_url)
+        self.redis = redis if redis is not None else redis_client(redis_url)
         # the queues' broker: the result store's Redis unless the workers take from another broker
         self.broker = broker if broker is not None else brokers.connect(broker_url, self.redis)
         self.model = model
