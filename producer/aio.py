@@ -29,7 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from producer.brokers import AmqpPublisher, queue_commands
+from producer.brokers import AmqpPublisher, check_replicated, queue_commands
 from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
@@ -215,7 +215,9 @@ class AsyncClient:
         tenant: str | None = None,
         broker_url: str | None = None,
         broker: Any = None,
+        wait_replicas: int = 0,
     ):
+        self.wait_replicas = wait_replicas  # as producer.Client's
         self._owns_redis = redis is None  # aclose closes only a connection pool this client made
         self.redis = redis if redis is not None else async_redis_client(redis_url)
         self._owns_broker = broker is None and bool(broker_url)
@@ -237,7 +239,7 @@ class AsyncClient:
         the pool open)."""
         return AsyncClient(model=self.model, redis=self.redis, broker=self.broker, track_submitted=self.track_submitted,
                            submitted_ttl_s=self.submitted_ttl_s, poll_min_s=self._poll[0],
-                           poll_max_s=self._poll[1], tenant=tenant)
+                           poll_max_s=self._poll[1], tenant=tenant, wait_replicas=self.wait_replicas)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -254,8 +256,8 @@ class AsyncClient:
             await asyncio.to_thread(self.broker.publish, messages)
             return
         pipe = self.broker.pipeline(transaction=False)
-        queue_commands(pipe, messages)
-        await pipe.execute()
+        queue_commands(pipe, messages, self.wait_replicas)
+        check_replicated(await pipe.execute(), self.wait_replicas)
 
     async def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int,
                       expires: datetime | None) -> None:

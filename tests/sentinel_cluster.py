@@ -53,17 +53,19 @@ class Sentinel:
         self.exe, self._env = found
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
         self.conf = workdir / "sentinel.conf"  # sentinel rewrites its config file: one per sentinel
-        self.conf.write_text("\n".join([
-            f"port {self.port}", "bind 127.0.0.1", f"dir {workdir}",
+        self._settings = [
             f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {quorum}",
             f"sentinel down-after-milliseconds {MASTER_NAME} {down_after_ms}",
             f"sentinel failover-timeout {MASTER_NAME} {failover_timeout_ms}",
-            f"sentinel parallel-syncs {MASTER_NAME} 1", ""]))
+            f"sentinel parallel-syncs {MASTER_NAME} 1"]
+        self.port = 0  # chosen at start, once the servers it monitors listen (free_port only finds a free one)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Sentinel:
+        self.port = free_port()
+        self.conf.write_text("\n".join([f"port {self.port}", "bind 127.0.0.1", f"dir {self.workdir}",
+                                        *self._settings, ""]))
         with open(self.workdir / "sentinel.log", "ab") as out:
             self.proc = subprocess.Popen([self.exe, str(self.conf), "--sentinel"], env=self._env, stdout=out,
                                          stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
@@ -94,7 +96,7 @@ class SentinelCluster:
     """A master, a replica and `sentinels` sentinels (quorum: a majority of them) on loopback."""
 
     def __init__(self, workdir: Path, *, sentinels: int = 1, down_after_ms: int = 1000,
-                 failover_timeout_ms: int = 3000, redis_args: tuple[str, ...] = ()):
+                 failover_timeout_ms: int = 3000, redis_args: tuple[str, ...] = ("--repl-diskless-sync-delay", "0")):
         self.workdir = Path(workdir)
         self.master = RedisServer(self.workdir / "master", extra_args=redis_args)
         self.replica = RedisServer(self.workdir / "replica", extra_args=(
@@ -156,6 +158,53 @@ class SentinelCluster:
         server.proc.kill()
         server.proc.wait()
         return port
+
+    def replica_port(self) -> int:
+        """The port of the server that is not the master now."""
+        master = self.master_port()
+        return next(port for port in self.servers if port != master)
+
+    def partition_replica(self) -> int:
+        """Freeze the replica (SIGSTOP) and have the master drop its link (CLIENT KILL TYPE replica),
+        so the master goes on acknowledging writes that no replica receives (the frozen replica cannot
+        reconnect; what the master sent before the kill is in its socket); returns its port (thaw it
+        with `thaw`)."""
+        port = self.replica_port()
+        server = self.servers[port]
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        self.servers[self.master_port()].client().client_kill_filter(_type="replica")
+        return port
+
+    def thaw(self, port: int) -> None:
+        """SIGCONT a server `partition_replica` froze."""
+        proc = self.servers[port].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGCONT)
+
+    def restart(self, port: int) -> None:
+        """Restart the killed server at `port` (with the data it last synced, if any); the sentinels
+        make it a replica of the current master (`wait_rejoined`). Call it from the main thread: a
+        server dies with the thread that started it (PR_SET_PDEATHSIG)."""
+        self.servers[port].start()
+
+    def wait_rejoined(self, port: int, timeout_s: float = 30.0) -> None:
+        """Poll until the restarted server at `port` is a replica of the current master, in sync, and
+        every sentinel lists it."""
+        def joined() -> bool:
+            info = self.servers[port].client().info("replication")
+            master = self.master_port()
+            if info.get("role") != "slave" or info.get("master_port") != master or info.get(
+                    "master_link_status") != "up":
+                return False
+            for s in self.sentinels:
+                with s.client() as c:
+                    if not any(_fields(r).get("port") == str(port) and "s_down" not in _fields(r).get("flags", "")
+                               for r in c.execute_command("SENTINEL", "replicas", MASTER_NAME)):
+                        return False
+            return True
+
+        _poll(f"the server at port {port} rejoined as a replica", joined, timeout_s, 0.2)
 
     def wait_failover(self, old_port: int, timeout_s: float = 30.0) -> int:
         """Poll until every sentinel names a master other than `old_port` and it answers as a master;
