@@ -15,6 +15,7 @@ import pytest
 from producer.aio import AsyncClient, BoundedPool, SyncBoundedPool
 from producer.brokers import NotReplicated
 from producer.client import Client
+from producer.testing import FakeWorker
 from stack.harness import ROOT, child_env
 from vela2.wire.connections import async_redis_client, redis_client, redis_pool
 from vela2.wire.keys import queue_name
@@ -78,9 +79,20 @@ def test_status_and_backfill_take_a_sentinel_url(cluster, tmp_path):
                             timeout=60)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["models"][MODEL]["queues"]["online"] == 1
-    bad = subprocess.run([sys.executable, "-m", "vela2.cli", "backfill", str(tmp_path / "in.jsonl"),
-                          str(tmp_path / "out.jsonl")], cwd=ROOT,
-                         env=child_env({"VELA2_REDIS_URL": "sentinel://:s3cret@127.0.0.1:1/0"}),
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({**ROW, "id": f"b-{i}"}) + "\n" for i in range(5)))
+    worker = FakeWorker(url, model=MODEL).start()  # answers through sentinel too
+    try:
+        run = subprocess.run([sys.executable, "-m", "vela2.cli", "backfill", str(rows), str(tmp_path / "out.jsonl"),
+                              "--timeout-s", "60"], cwd=ROOT, env=child_env({"VELA2_REDIS_URL": url}),
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        worker.stop()
+    assert run.returncode == 0, run.stderr
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(o["id"] for o in out if o["status"] == "ok") == [f"b-{i}" for i in range(5)]
+    bad = subprocess.run([sys.executable, "-m", "vela2.cli", "backfill", str(rows), str(tmp_path / "out2.jsonl")],
+                         cwd=ROOT, env=child_env({"VELA2_REDIS_URL": "sentinel://:s3cret@127.0.0.1:1/0"}),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "s3cret" not in bad.stderr and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines()[-1] == (
