@@ -19,7 +19,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit, urlunsplit
 
 from vela2.errors import ConfigError
 from vela2.wire.keys import AMQP_SCHEMES
@@ -63,7 +63,7 @@ def read_url_file(path: str | Path) -> str:
 def has_password(url: str) -> bool:
     """Whether `url` carries a password (redis://:pw@..., redis://user:pw@..., ?password=...; any
     segment of a sentinel:// URL)."""
-    if ";" in url:
+    if ";" in url and is_sentinel_url(url):
         return any(has_password(segment) for segment in url.split(";"))
     try:
         parts = urlsplit(url)
@@ -75,7 +75,7 @@ def has_password(url: str) -> bool:
 def mask_url(url: str) -> str:
     """`url` as it may be logged: a password in it (user:PASSWORD@, ?password=) replaced by `**` (as kombu shows it),
     in every segment of a sentinel:// URL."""
-    if ";" in url:
+    if ";" in url and is_sentinel_url(url):
         return ";".join(mask_url(segment) for segment in url.split(";"))
     try:
         parts = urlsplit(url)
@@ -128,7 +128,7 @@ class SentinelUrl:
     def kombu_url(self) -> str:
         """The URL as kombu's and Celery's Redis Sentinel transport / backend take it (no query: the
         master name goes in their `master_name` transport option)."""
-        auth = f"{self.username or ''}:{self.password}@" if self.password else ""
+        auth = f"{quote(self.username or '', safe='')}:{quote(self.password, safe='')}@" if self.password else ""
         return ";".join(f"{SENTINEL_SCHEME}://{auth}{host}:{port}/{self.db}" for host, port in self.sentinels)
 
 

@@ -173,3 +173,8 @@ def test_worker_settings_take_sentinel_urls():
     WorkerSettings(redis_url="redis://h:6379/0", broker_url=SENTINEL).validate()
     with pytest.raises(ConfigError, match="result store URL 'sentinel://:\\*\\*@h' names no master"):
         WorkerSettings(redis_url="sentinel://:pw@h").validate()
+
+
+def test_a_semicolon_splits_only_sentinel_urls():
+    assert mask_url("redis://:pa;ss@host:6379/0") == "redis://:**@host:6379/0"
+    assert has_password("redis://:pa;ss@host:6379/0")
