@@ -1,6 +1,6 @@
 """The producer side over a sentinel:// URL (a real master, replica and sentinel): AsyncClient, the
-bounded pools of `vela2 http`, `vela2 status` and `vela2 backfill`; a push that waits for a replica
-(wait_replicas) and one that cannot get it."""
+bounded pools and the route of `vela2 http`, `vela2 status` and `vela2 backfill` (answered by a
+FakeWorker on the same URL); a push that waits for a replica (wait_replicas) and one that cannot get it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from producer.aio import AsyncClient, BoundedPool, SyncBoundedPool
@@ -22,6 +23,9 @@ from vela2.wire.keys import queue_name
 
 MODEL = "vela2-demo"
 ROW = {"task": "choice:boolq", "text": "The sky is green.", "questions": [{"options": ["yes", "no"]}]}
+REQUEST = {"model": MODEL, "id": "http-1", "input": {"user": "Where is my refund?"},
+           "tasks": [{"name": "intent", "kind": "choice", "question": "What does the user want?",
+                      "options": ["refund", "other"]}]}
 
 
 @pytest.fixture
@@ -98,3 +102,17 @@ def test_status_and_backfill_take_a_sentinel_url(cluster, tmp_path):
     assert bad.stderr.strip().splitlines()[-1] == (
         "vela2 backfill: the result store URL 'sentinel://:**@127.0.0.1:1/0' names no master: add "
         "?master_name=NAME (the name the sentinels monitor)")
+
+
+def test_the_http_route_serves_through_sentinel(cluster, http_server):
+    url = cluster.url()
+    worker = FakeWorker(url, model=MODEL).start()
+    try:
+        base = http_server(url)
+        with httpx.Client(base_url=base, timeout=60) as http:
+            r = http.post("/v1/system_one", json=REQUEST, params={"wait_s": 30})
+            assert r.status_code == 200, r.text
+            assert r.json()["id"] == REQUEST["id"] and r.json()["status"] == "ok"
+    finally:
+        worker.stop()
+    assert cluster.master.client().exists("celery-task-meta-" + REQUEST["id"])
