@@ -29,7 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from producer.brokers import AmqpPublisher, queue_commands
+from producer.brokers import AmqpPublisher, check_replicated, queue_commands
 from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
@@ -49,6 +49,7 @@ from producer.client import (
 )
 from vela2.schemas import RowResult
 from vela2.wire import tracing
+from vela2.wire.connections import async_redis_client
 from vela2.wire.keys import is_amqp_url, queue_name, submitted_key
 from vela2.wire.messages import Message, deadline_to_expires
 from vela2.wire.results import (
@@ -214,14 +215,16 @@ class AsyncClient:
         tenant: str | None = None,
         broker_url: str | None = None,
         broker: Any = None,
+        wait_replicas: int = 0,
     ):
+        self.wait_replicas = wait_replicas  # as producer.Client's
         self._owns_redis = redis is None  # aclose closes only a connection pool this client made
-        self.redis = redis if redis is not None else aioredis.Redis.from_url(redis_url)
+        self.redis = redis if redis is not None else async_redis_client(redis_url)
         self._owns_broker = broker is None and bool(broker_url)
         # the queues' broker: the result store's Redis unless the workers take from another broker
         # (RabbitMQ: the blocking publisher, run in a thread)
         self.broker = broker if broker is not None else (
-            (AmqpPublisher(broker_url) if is_amqp_url(broker_url) else aioredis.Redis.from_url(broker_url))
+            (AmqpPublisher(broker_url) if is_amqp_url(broker_url) else async_redis_client(broker_url))
             if broker_url else self.redis)
         self.model = model
         self.track_submitted = track_submitted
@@ -236,7 +239,7 @@ class AsyncClient:
         the pool open)."""
         return AsyncClient(model=self.model, redis=self.redis, broker=self.broker, track_submitted=self.track_submitted,
                            submitted_ttl_s=self.submitted_ttl_s, poll_min_s=self._poll[0],
-                           poll_max_s=self._poll[1], tenant=tenant)
+                           poll_max_s=self._poll[1], tenant=tenant, wait_replicas=self.wait_replicas)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -253,8 +256,8 @@ class AsyncClient:
             await asyncio.to_thread(self.broker.publish, messages)
             return
         pipe = self.broker.pipeline(transaction=False)
-        queue_commands(pipe, messages)
-        await pipe.execute()
+        queue_commands(pipe, messages, self.wait_replicas)
+        check_replicated(await pipe.execute(), self.wait_replicas)
 
     async def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int,
                       expires: datetime | None) -> None:

@@ -17,9 +17,13 @@ import json
 import threading
 from typing import Any
 
+import redis.exceptions
+
+from vela2.wire.connections import redis_client
 from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, is_amqp_url
 from vela2.wire.messages import Message
 
+WAIT_REPLICAS_TIMEOUT_MS = 1000  # a push waiting for replicas (wait_replicas) gives up after this
 PUBLISH_RETRIES = 3  # a publish whose connection broke is retried this often (kombu reconnects), then raises
 CONNECT_TIMEOUT_S = 5.0
 
@@ -76,27 +80,49 @@ class AmqpPublisher:
 
 def connect(broker_url: str | None, store: Any) -> Any:
     """The broker connection of a producer: an AmqpPublisher for amqp:// URLs, a redis-py client for
-    another Redis, else `store` (the result store's client: one Redis for both)."""
+    another Redis (sentinel:// too: vela2.wire.connections), else `store` (the result store's client:
+    one Redis for both)."""
     if not broker_url:
         return store
     if is_amqp_url(broker_url):
         return AmqpPublisher(broker_url)
-    import redis
-
-    return redis.Redis.from_url(broker_url)
+    return redis_client(broker_url)
 
 
-def push(broker: Any, messages: list[Message]) -> None:
-    """Queue `messages` on `broker` (what `connect` returned, or a ready redis-py client)."""
+class NotReplicated(redis.exceptions.TimeoutError):
+    """A push reached fewer replicas than asked (`wait_replicas`) within WAIT_REPLICAS_TIMEOUT_MS: the
+    messages are on the master, but a failover now could lose them. A TimeoutError, so callers that
+    retry Redis timeouts retry it (the same ids again: a duplicate message at worst, skipped)."""
+
+
+def push(broker: Any, messages: list[Message], wait_replicas: int = 0) -> None:
+    """Queue `messages` on `broker` (what `connect` returned, or a ready redis-py client); with
+    `wait_replicas`, return only once that many replicas have them (Redis WAIT; NotReplicated else)."""
     if isinstance(broker, AmqpPublisher):
         broker.publish(messages)
         return
     pipe = broker.pipeline(transaction=False)
-    queue_commands(pipe, messages)
-    pipe.execute()
+    queue_commands(pipe, messages, wait_replicas)
+    check_replicated(pipe.execute(), wait_replicas)
 
 
-def queue_commands(pipe: Any, messages: list[Message]) -> None:
-    """Add the LPUSH of every message to a (sync or asyncio) Redis pipeline."""
+def wait_command(pipe: Any, wait_replicas: int) -> None:
+    """Add `WAIT wait_replicas WAIT_REPLICAS_TIMEOUT_MS` to a pipeline (nothing for 0): its reply is the
+    number of replicas that acknowledged every write before it on that connection."""
+    if wait_replicas:
+        pipe.execute_command("WAIT", wait_replicas, WAIT_REPLICAS_TIMEOUT_MS)
+
+
+def check_replicated(replies: list[Any], wait_replicas: int) -> None:
+    """Raise NotReplicated when a pipeline ending in `wait_command` reached fewer replicas than asked."""
+    if wait_replicas and int(replies[-1]) < wait_replicas:
+        raise NotReplicated(f"the push reached {int(replies[-1])} of {wait_replicas} replicas within "
+                            f"{WAIT_REPLICAS_TIMEOUT_MS} ms (wait_replicas)")
+
+
+def queue_commands(pipe: Any, messages: list[Message], wait_replicas: int = 0) -> None:
+    """Add the LPUSH of every message to a (sync or asyncio) Redis pipeline, then the WAIT for
+    `wait_replicas` replicas (when not 0; check the reply with `check_replicated`)."""
     for m in messages:
         pipe.lpush(m.queue, m.payload)
+    wait_command(pipe, wait_replicas)

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import redis as redis_lib
 from pydantic import BaseModel
 
 from producer import brokers
@@ -46,6 +45,7 @@ from vela2.config import LIMITS
 from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
 from vela2.schemas import RowResult, Status, error_result, parse_row
 from vela2.wire import tracing
+from vela2.wire.connections import redis_client
 from vela2.wire.keys import cancel_key, queue_name, result_key, scoped_id, submitted_key, tenant_problem, unscoped_id
 from vela2.wire.messages import Message, build_message, deadline_to_expires, request_digest, with_id
 from vela2.wire.results import (
@@ -325,6 +325,10 @@ class Client:
     marker at submit time (default on) so that `status` tells "pending" from "unknown" and an
     expired answer raises ResultExpired instead of a wait to the timeout; `submitted_ttl_s`: how
     long a pending marker lives (default a day). `tenant`: scope every id to this tenant (see Scope).
+    `wait_replicas`: a submit returns only once this many replicas of the broker's Redis have its
+    messages (Redis WAIT, up to producer.brokers.WAIT_REPLICAS_TIMEOUT_MS, then NotReplicated, a
+    redis TimeoutError: submit again); so a Sentinel failover cannot lose an accepted submission.
+    Default 0: the master's reply is enough (a failover may lose the last accepted ones).
 
     Checked here before anything is queued, with the worker's own validators and messages: every
     field rule and limit of a request (vela2.config.LIMITS: text characters and words, questions,
@@ -346,8 +350,11 @@ class Client:
         tenant: str | None = None,
         broker_url: str | None = None,
         broker: Any = None,
+        wait_replicas: int = 0,
     ):
-        self.redis = redis if redis is not None else redis_lib.Redis.from_url(redis_url)
+        self.redis = redis if redis is not None else redis_client(redis_url)
+        # a push returns once this many replicas of the broker's Redis have it (WAIT; see "Redis Sentinel")
+        self.wait_replicas = wait_replicas
         # the queues' broker: the result store's Redis unless the workers take from another broker
         self.broker = broker if broker is not None else brokers.connect(broker_url, self.redis)
         self.model = model
@@ -370,7 +377,7 @@ class Client:
 
     def _push(self, messages: list[Message]) -> None:
         """Queue every message on the broker (Redis: one round trip; RabbitMQ: each confirmed)."""
-        brokers.push(self.broker, messages)
+        brokers.push(self.broker, messages, self.wait_replicas)
 
     def claim(self, items: list[tuple[str, Any]], queue: str) -> Claims:
         """Check prepared requests against what their ids already name, and mark them submitted (when

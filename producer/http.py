@@ -126,6 +126,7 @@ from vela2.redis_url import (
 from vela2.schemas import ErrorInfo
 from vela2.systemone import SYSTEM_ONE_VERSION, SystemOneAnswer, error_answer, parse_request, request_schema
 from vela2.wire import tracing
+from vela2.wire.connections import redis_pool
 from vela2.wire.keys import HEARTBEAT_S, is_amqp_url, queue_name, workers_key
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,7 @@ def create_app(
     tenants: dict[str, AsyncClient] = {}  # one client per tenant seen, over the one pool
     # The bulk-job routes run producer.jobs (synchronous, streaming) in worker threads, over a pool of
     # their own: at most `redis_connections` connections, a caller waits up to redis_wait_s for one.
-    sync_pool = SyncBoundedPool.from_url(redis_url, max_connections=redis_connections, timeout=redis_wait_s)
+    sync_pool = redis_pool(redis_url, SyncBoundedPool, max_connections=redis_connections, timeout=redis_wait_s)
 
     def jobs_client(tenant: str | None) -> Client:
         return Client(model=model, redis=redis_lib.Redis(connection_pool=sync_pool), tenant=tenant)
@@ -294,7 +295,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Created inside the server's event loop: redis.asyncio connections belong to one loop.
-        pool = BoundedPool.from_url(redis_url, max_connections=redis_connections, timeout=redis_wait_s)
+        pool = redis_pool(redis_url, BoundedPool, max_connections=redis_connections, timeout=redis_wait_s)
         redis_client = aioredis.Redis(connection_pool=pool)
         # the broker when it is not the result store: RabbitMQ (one confirming publisher), or a Redis
         # pool as bounded as the result store's
@@ -303,7 +304,7 @@ def create_app(
         if broker_url and is_amqp_url(broker_url):
             broker = AmqpPublisher(broker_url)
         elif broker_url:
-            broker_pool = BoundedPool.from_url(broker_url, max_connections=redis_connections, timeout=redis_wait_s)
+            broker_pool = redis_pool(broker_url, BoundedPool, max_connections=redis_connections, timeout=redis_wait_s)
             broker = aioredis.Redis(connection_pool=broker_pool)
         state["client"] = AsyncClient(model=model, track_submitted=True, redis=redis_client, broker=broker)
         try:

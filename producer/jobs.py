@@ -192,9 +192,14 @@ class _Submitter:
         if same:
             brokers.queue_commands(pipe, messages)
         pipe.hget(self.keys[0], "cancel_at")
+        wait = self.client.wait_replicas if same else 0
+        brokers.wait_command(pipe, wait)
         replies = pipe.execute()
+        if wait:
+            brokers.check_replicated(replies, wait)
+            replies = replies[:-1]
         if not same:  # another broker (Redis or RabbitMQ): queued once the lines are registered
-            brokers.push(self.client.broker, messages)
+            brokers.push(self.client.broker, messages, self.client.wait_replicas)
         self.summary.queued += len(self.good)
         if self.answered:
             failed = [o for o in self.store.store(self.answered, jobs=[self.job] * len(self.answered))

@@ -20,11 +20,11 @@ import time
 from typing import Any
 
 import redis
-from kombu.utils.url import maybe_sanitize_url
 
 from producer.client import DEFAULT_REDIS_URL
-from vela2.redis_url import ENV_BROKER_URL, add_url_arguments, url_from_args
+from vela2.redis_url import ENV_BROKER_URL, add_url_arguments, mask_url, url_from_args
 from vela2.wire import fleet, keys
+from vela2.wire.connections import redis_client
 
 EXIT_REDIS_UNAVAILABLE = 3
 SCAN_COUNT = 1000  # keys per SCAN step while looking for models
@@ -112,19 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv,
                         logging.getLogger("vela2.status"))
-    client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
+    client = redis_client(url, socket_timeout=10, socket_connect_timeout=10)
     broker: Any = None
     if args.broker and keys.is_amqp_url(args.broker):
         broker = args.broker
     elif args.broker:
-        broker = redis.Redis.from_url(args.broker, socket_timeout=10, socket_connect_timeout=10)
+        broker = redis_client(args.broker, socket_timeout=10, socket_connect_timeout=10)
     try:
         status = gather(client, args.model, broker)
     except redis.exceptions.RedisError as e:
-        print(f"vela2 status: Redis at {maybe_sanitize_url(url)} (or the broker) did not answer: {e}", file=sys.stderr)
+        print(f"vela2 status: Redis at {mask_url(url)} (or the broker) did not answer: {e}", file=sys.stderr)
         return EXIT_REDIS_UNAVAILABLE
     except OSError as e:  # RabbitMQ refused or away (kombu raises socket errors)
-        print(f"vela2 status: the broker at {maybe_sanitize_url(args.broker)} did not answer: {e}", file=sys.stderr)
+        print(f"vela2 status: the broker at {mask_url(args.broker)} did not answer: {e}", file=sys.stderr)
         return EXIT_REDIS_UNAVAILABLE
     print(json.dumps(status, indent=1) if args.json else render(status))
     return 0

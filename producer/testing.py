@@ -89,6 +89,7 @@ from vela2.schemas import (
     parse_row,
 )
 from vela2.wire import keys
+from vela2.wire.connections import redis_client
 from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, CANCELLED_MESSAGE
 from vela2.wire.messages import (
     Refused,
@@ -232,7 +233,7 @@ class FakeWorker:
         delay_s: float = 0.0,
         calibration: Calibration | None = None,
     ):
-        self.redis = redis_lib.Redis.from_url(redis) if isinstance(redis, str) else redis
+        self.redis = redis_client(redis) if isinstance(redis, str) else redis
         self._owns_redis = isinstance(redis, str)
         self.model = model
         self.kind, self._answer = self._answer_fn(answer, checkpoint, device, precision)

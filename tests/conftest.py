@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 # The test folders tests/vela2, tests/worker and tests/producer carry no __init__.py, so with pytest's
 # default import mode they would shadow the real packages as namespace packages whenever the repo
@@ -27,11 +28,12 @@ import producer  # noqa: E402,F401
 import vela2  # noqa: E402,F401
 import worker  # noqa: E402,F401
 from stack.harness import RabbitVhost, RedisServer, find_redis_server  # noqa: E402
+from tests.sentinel_cluster import SentinelCluster  # noqa: E402
 
 # A test that uses one of these fixtures starts a process (redis-server, a worker, an HTTP server):
 # it is marked `integration`, so `pytest -m "not integration"` is the fast loop.
 PROCESS_FIXTURES = {"redis_server", "redis_url", "redis_server_factory", "start_worker", "real_worker",
-                    "http_server", "fake_worker", "amqp_url"}
+                    "http_server", "fake_worker", "amqp_url", "sentinel_cluster_factory"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -63,6 +65,23 @@ def redis_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def sentinel_cluster_factory(tmp_path: Path) -> Iterator[Callable[..., SentinelCluster]]:
+    """A factory of Redis Sentinel deployments (tests/sentinel_cluster.py: a master, a replica and
+    `sentinels=` sentinels on free loopback ports, started and in sync), stopped after the test."""
+    started: list[SentinelCluster] = []
+
+    def start(**kw: Any) -> SentinelCluster:
+        _need_redis_server()
+        cluster = SentinelCluster(tmp_path / f"sentinel-cluster{len(started)}", **kw)
+        started.append(cluster)
+        return cluster.start()
+
+    yield start
+    for cluster in started:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

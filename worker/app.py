@@ -26,7 +26,8 @@ from typing import Any
 from celery import Celery, Task, bootsteps, signals
 from kombu import Queue
 
-from vela2.errors import Vela2Error
+from vela2.errors import ConfigError, Vela2Error
+from vela2.redis_url import SentinelUrl, is_sentinel_url, parse_sentinel_url
 from vela2.wire import keys
 from worker import logs
 from worker.broker import ssl_options
@@ -139,7 +140,9 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     """The Celery app of a worker with these settings (from the environment when None)."""
     settings = settings or WorkerSettings.from_env()
     broker_url = settings.resolved_broker_url
-    app = Celery("vela2", broker=broker_url, backend=settings.redis_url, set_as_current=False)
+    broker_sentinel, store_sentinel = _sentinel(broker_url, "broker"), _sentinel(settings.redis_url, "result store")
+    app = Celery("vela2", broker=broker_sentinel.kombu_url() if broker_sentinel else broker_url,
+                 backend=store_sentinel.kombu_url() if store_sentinel else settings.redis_url, set_as_current=False)
     try:
         model_name: str | None = settings.resolved_model_name()
     except Vela2Error as e:  # no checkpoint yet: fine for inspecting; the worker refuses to start
@@ -150,6 +153,10 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     if broker_url.startswith(("redis://", "rediss://")):
         app.conf.broker_transport = "worker.broker:RedisTransport"  # triaged items, writes retried
         app.conf.broker_use_ssl = ssl_options(broker_url)
+    elif broker_sentinel:
+        app.conf.broker_transport = "worker.broker:SentinelTransport"
+    if store_sentinel:
+        app.conf.result_backend_transport_options = {"master_name": store_sentinel.master_name}
     if amqp:  # every delivery triaged before Celery dispatches it, as the Redis channel does its items
         app.conf.worker_consumer = "worker.amqp:TriagingConsumer"
     # RabbitMQ: durable quorum queues (Celery then sets a per-consumer prefetch, the only kind quorum
@@ -168,7 +175,9 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
         worker_pool="solo",
         worker_concurrency=1,
         worker_prefetch_multiplier=prefetch,
-        broker_transport_options={} if amqp else settings.transport_options(),
+        broker_transport_options={} if amqp else {
+            **settings.transport_options(),
+            **({"master_name": broker_sentinel.master_name} if broker_sentinel else {})},
         broker_connection_retry_on_startup=True,
         result_expires=settings.result_expires_s,
         worker_send_task_events=bool(settings.task_events),
@@ -184,6 +193,18 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     app.task(name=keys.TASK_NAME, base=ScoreTask, bind=True)(_score)
     app.steps["worker"].add(EngineStep)
     return app
+
+
+def _sentinel(url: str, what: str) -> SentinelUrl | None:
+    """`url` read as a sentinel:// URL, or None (another scheme, or a bad sentinel URL: the worker's
+    preflight ends it with one line naming the URL before Celery connects)."""
+    if not is_sentinel_url(url):
+        return None
+    try:
+        return parse_sentinel_url(url, what)
+    except ConfigError as e:
+        log.debug("%s", e)
+        return None
 
 
 def run_worker(settings: WorkerSettings, *, loglevel: str = "INFO", hostname: str | None = None) -> int:

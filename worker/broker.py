@@ -214,6 +214,18 @@ class RedisTransport(kombu_redis.Transport):
     Channel = TolerantChannel
 
 
+class TolerantSentinelChannel(TolerantChannel, kombu_redis.SentinelChannel):
+    """The tolerant channel over kombu's Sentinel-managed pool: its connections go to the master the
+    sentinels name (asked again at every reconnect, so a failover is followed)."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with the tolerant channel (sentinel:// broker URLs; the master's
+    name in the `master_name` transport option, worker.app sets it from the URL)."""
+
+    Channel = TolerantSentinelChannel
+
+
 def ssl_options(url: str) -> dict[str, Any] | None:
     """For a rediss:// URL, the SSL options kombu needs when the transport is given explicitly
     (the URL's ssl_* query parameters; certificates required unless ssl_cert_reqs says otherwise)."""

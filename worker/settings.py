@@ -58,12 +58,14 @@ class WorkerSettings:
     """Everything a worker process needs; `from_env()` reads the VELA2_* variables."""
 
     redis_url: str = setting("redis://127.0.0.1:6379/0", "result store URL (results, attempt counters, dead "
-                                                        "letters, heartbeats); also the broker unless broker_url",
+                                                        "letters, heartbeats; redis://, rediss://, unix://, or "
+                                                        "sentinel://...?master_name=NAME); also the broker unless "
+                                                        "broker_url",
                              flag="--redis")
     redis_url_file: str | None = setting(None, "read the Redis URL from this file's first line (keeps a password "
                                                "off the command line); wins over redis_url")
-    broker_url: str | None = setting(None, "broker URL (redis://, rediss://, or amqp:// for RabbitMQ); default: "
-                                           "redis_url", flag="--broker")
+    broker_url: str | None = setting(None, "broker URL (redis://, rediss://, sentinel://...?master_name=NAME, or "
+                                           "amqp:// for RabbitMQ); default: redis_url", flag="--broker")
     broker_url_file: str | None = setting(None, "read the broker URL from this file's first line; wins over "
                                                 "broker_url")
     checkpoint: str | None = setting(None, "checkpoint directory (required)")

@@ -27,8 +27,9 @@ from kombu.utils.url import maybe_sanitize_url
 
 from vela2 import checkpoint
 from vela2.errors import ConfigError, Vela2Error
-from vela2.redis_url import warn_if_password_in_argv
+from vela2.redis_url import mask_url, warn_if_password_in_argv
 from vela2.wire import fleet, keys, taking, tracing
+from vela2.wire.connections import redis_client
 from vela2.wire.results import ResultStore
 from worker import faults
 from worker.broker import release_held
@@ -108,9 +109,9 @@ def check_redis(url: str, wait_s: float, role: str = "result store") -> None:
     it refuses the credentials, and when it is older than the queues need (vela2.wire.taking.MIN_REDIS_VERSION)."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    client = redis_client(url, socket_connect_timeout=2, socket_timeout=5)
     deadline = time.monotonic() + wait_s
-    where = f"Redis at {maybe_sanitize_url(url)} ({role})"
+    where = f"Redis at {mask_url(url)} ({role})"
     auth_tries = 0
     last_log = 0.0
     try:
@@ -123,7 +124,7 @@ def check_redis(url: str, wait_s: float, role: str = "result store") -> None:
                     version = ""
                 problem = taking.version_problem(version)
                 if problem:
-                    raise ConfigError(f"{problem} (at {maybe_sanitize_url(url)}, {role})")
+                    raise ConfigError(f"{problem} (at {mask_url(url)}, {role})")
                 return
             except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
                     redis.exceptions.NoPermissionError) as e:
@@ -141,7 +142,7 @@ def check_redis(url: str, wait_s: float, role: str = "result store") -> None:
                                       f"(redis_wait_s): {e}") from None
                 if time.monotonic() - last_log >= 10:
                     last_log = time.monotonic()
-                    log.warning("waiting for the %s Redis at %s: %s", role, maybe_sanitize_url(url), e)
+                    log.warning("waiting for the %s Redis at %s: %s", role, mask_url(url), e)
             time.sleep(0.3)
     finally:
         client.close()
@@ -151,8 +152,6 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     """Load the model once (in the device process, or here), measure the worst batch, check the
     visibility timeout, start the engine. `on_stored` sees every batch of stored results (Celery
     task events, worker.app)."""
-    import redis
-
     import vela2.pipeline
 
     preflight(settings)
@@ -164,7 +163,7 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
         raise ConfigError(f"no checkpoint: pass --checkpoint or set {env_name('checkpoint')}")
     # the checkpoint's identity, hashed once here (every weight byte) and handed to each process
     digest = checkpoint.digest(settings.checkpoint, random_weights=bool(settings.random_weights))
-    check_mixed(redis.Redis.from_url(settings.redis_url), settings.resolved_model_name(), digest,
+    check_mixed(redis_client(settings.redis_url), settings.resolved_model_name(), digest,
                 bool(settings.allow_mixed))
     cpu = None
     if settings.resolved_cpu_processes():  # spawned first: they load while the model does
@@ -186,7 +185,7 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
         model = load_model(spec)
         device = ThreadDevice(pipeline, model, settings.resolved_precision, engine_settings.row_tokens or None)
         worst_s = worst_batch(model, pipeline=pipeline)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client(settings.redis_url)
     store = ResultStore(client, settings.result_expires_s)
     # Results, attempt counters, dead letters and heartbeats (read by `vela2 http`) live in the result
     # store, whatever the broker. The Redis-only machinery is chosen here, in one place: on a Redis
@@ -198,7 +197,7 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     broker: Any = None
     if not keys.is_amqp_url(settings.resolved_broker_url):
         check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, worst_s)
-        broker = redis.Redis.from_url(settings.resolved_broker_url)
+        broker = redis_client(settings.resolved_broker_url)
     metrics = Metrics(row_tokens=settings.engine.row_tokens)
     metrics.describe_worker(model=model.name, device=settings.device, precision=settings.resolved_precision,
                             redis=broker, queues=keys.queues(model.name), amqp_url=None if broker is not None
@@ -211,7 +210,7 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     describe = Description(worker_id, model.name, settings.device, settings.resolved_precision, digest,
                            lambda: engine, metrics)
     leases = Leases(broker, settings.visibility_timeout_s, progress=lambda: engine.progress,
-                    heartbeat=(model.name, worker_id), beats=redis.Redis.from_url(settings.redis_url),
+                    heartbeat=(model.name, worker_id), beats=redis_client(settings.redis_url),
                     describe=describe)
     traced = WorkerTracing(model.name, digest) if tracing.configure("vela2-worker") else None
     engine = Engine(model, store, engine_settings, pipeline=pipeline, metrics=metrics, on_stored=on_stored,

@@ -11,9 +11,11 @@ from vela2.errors import ConfigError
 from vela2.redis_url import (
     BROKER_SCHEMES,
     PASSWORD_IN_ARGV,
+    RESULT_STORE_SCHEMES,
     check_url,
     has_password,
     mask_url,
+    parse_sentinel_url,
     read_url_file,
     url_from_args,
     warn_if_password_in_argv,
@@ -135,3 +137,44 @@ def test_broker_url_from_env_and_file(tmp_path):
     assert WorkerSettings.from_env(env).broker_url == "redis://:pw@b:6379/3"
     assert WorkerSettings.from_env({"VELA2_BROKER_URL": "redis://x:6379/0"}).broker_url == "redis://x:6379/0"
     assert WorkerSettings.from_env({}).broker_url is None
+
+
+SENTINEL = "sentinel://:s3cret@10.0.0.1:26379/2;sentinel://10.0.0.2:26380?master_name=main"
+
+
+def test_a_sentinel_url_is_read_masked_and_checked():
+    s = parse_sentinel_url(SENTINEL)
+    assert s.sentinels == (("10.0.0.1", 26379), ("10.0.0.2", 26380)) and s.master_name == "main"
+    assert (s.db, s.password, s.username) == (2, "s3cret", None) and "s3cret" not in repr(s)
+    assert s.kombu_url() == "sentinel://:s3cret@10.0.0.1:26379/2;sentinel://:s3cret@10.0.0.2:26380/2"
+    assert mask_url(SENTINEL) == "sentinel://:**@10.0.0.1:26379/2;sentinel://10.0.0.2:26380?master_name=main"
+    assert has_password(SENTINEL) and not has_password("sentinel://h1;sentinel://h2?master_name=m")
+    assert check_url(SENTINEL, "broker", BROKER_SCHEMES) == SENTINEL
+    assert check_url(SENTINEL, "result store", RESULT_STORE_SCHEMES) == SENTINEL
+    assert parse_sentinel_url("sentinel://h?master_name=m").sentinels == (("h", 26379),)  # the default port
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("sentinel://:s3cret@h1:26379", "'sentinel://:**@h1:26379' names no master: add ?master_name=NAME"),
+    ("sentinel://:s3cret@?master_name=m", "'sentinel://:**@?master_name=m' has a segment that names no sentinel host"),
+    ("sentinel://h1?master_name=m;redis://:s3cret@h2", "mixes schemes"),
+    ("sentinel://h1:x?master_name=m", "is not a valid URL"),
+    ("sentinel://h1/a?master_name=m", "has db 'a'; expected a number"),
+    ("sentinel://h1?master_name=a;sentinel://h2?master_name=b", "gives 2 different master_name values"),
+])
+def test_bad_sentinel_urls_are_refused_with_the_password_masked(url, problem):
+    with pytest.raises(ConfigError, match="the broker URL") as e:
+        check_url(url, "broker", BROKER_SCHEMES)
+    assert problem in str(e.value) and "s3cret" not in str(e.value)
+
+
+def test_worker_settings_take_sentinel_urls():
+    WorkerSettings(redis_url=SENTINEL).validate()
+    WorkerSettings(redis_url="redis://h:6379/0", broker_url=SENTINEL).validate()
+    with pytest.raises(ConfigError, match="result store URL 'sentinel://:\\*\\*@h' names no master"):
+        WorkerSettings(redis_url="sentinel://:pw@h").validate()
+
+
+def test_a_semicolon_splits_only_sentinel_urls():
+    assert mask_url("redis://:pa;ss@host:6379/0") == "redis://:**@host:6379/0"
+    assert has_password("redis://:pa;ss@host:6379/0")

@@ -56,7 +56,7 @@ def test_bad_and_unreachable_broker_urls_end_the_worker_with_one_line(redis_serv
     assert bad.returncode == 2 and "s3cret" not in bad.stderr, bad.stderr
     assert bad.stderr.strip().splitlines()[1:] == [  # after the warning of a password in argv
         "vela2 worker: the broker URL 'kafka://user:**@127.0.0.1:9092/0' has scheme 'kafka'; "
-        "expected one of redis://, rediss://, amqp://, amqps://, pyamqp://"]
+        "expected one of redis://, rediss://, sentinel://, amqp://, amqps://, pyamqp://"]
     gone = run_cli("--checkpoint", str(demo_dir), "--redis", redis_server.url(), "--broker",
                    "redis://:s3cret@127.0.0.1:1/0", "--redis-wait-s", "1")
     last = gone.stderr.strip().splitlines()[-1]
