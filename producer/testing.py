@@ -108,7 +108,8 @@ STUB = "stub"
 MODEL = "model"
 FAKE_META_KEY = "vela2_fake"  # in a stored meta: which fake answered it (never in a real worker's)
 TESTING_EXTRA = 'pip install "vela2[testing]"'
-_TAKE_WAIT_S = 0.05  # longest a thread's BRPOP blocks, so stop() and pause() act quickly
+_TAKE_WAIT_S = 0.05  # longest a thread waits between Redis calls when idle, so stop() and pause() act quickly
+_IDLE_POLL_S = 0.02  # a thread's pause between two looks at empty queues
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,10 @@ class FakeWorker:
         self.served = getattr(self._answer, "model_name", model)
         self.store = ResultStore(self.redis, ttl_s=result_expires_s)
         self.queues = [lst for q in keys.queues(model) for lst in keys.priority_lists(q)]  # taking order
+        # The thread takes an item by moving it onto a list of its own (LMOVE), and removes it from there
+        # once its results are stored: a Redis restart between the take and the store (a pop whose
+        # reply never came back) leaves the item there, and the thread answers it when Redis is back.
+        self._taking = {q: f"{q}:fake-taking:{uuid.uuid4().hex}" for q in self.queues}
         self.delay_s = delay_s
         self.lock = threading.Lock()  # held while taking and while storing: queued + `held` is exact under it
         self.held = 0  # requests taken and not yet stored
@@ -305,6 +310,13 @@ class FakeWorker:
             pipe.llen(q)
         return sum(int(n) for n in pipe.execute())
 
+    def _on_taking_lists(self) -> int:
+        """Items the thread took and has not stored yet (an answer a Redis restart interrupted among them)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for lst in self._taking.values():
+            pipe.llen(lst)
+        return sum(int(n) for n in pipe.execute())
+
     def _take_now(self) -> tuple[str, Any] | None:
         for q in self.queues:
             item = self.redis.rpop(q)
@@ -365,12 +377,12 @@ class FakeWorker:
             if self.crashed is not None:
                 raise RuntimeError(f"the fake worker's thread died: {self.crashed!r}") from self.crashed
             with self.lock:
-                left, held = self.queued(), self.held
-            if not left and not held:
+                left, held, taken = self.queued(), self.held, self._on_taking_lists()
+            if not left and not held and not taken:
                 return
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"{left} messages queued and {held} requests held after {timeout_s} s "
-                                   f"(paused: {not self._go.is_set()})")
+                raise TimeoutError(f"{left} messages queued, {taken} taken and not stored, and {held} requests held "
+                                   f"after {timeout_s} s (paused: {not self._go.is_set()})")
             time.sleep(0.01)
 
     def _run(self) -> None:
@@ -381,30 +393,65 @@ class FakeWorker:
             raise
 
     def _loop(self) -> None:
-        # an item taken whose answering a Redis restart interrupted (answering reads Redis: the
-        # duplicate and cancel checks): answered before anything else is taken, never dropped
-        taken: Any = None
+        # an item taken whose answering or storing a Redis restart interrupted is answered before
+        # anything else is taken, never dropped (it stays on its taking list until stored)
+        taken: tuple[str, Any] | None = None
+        recover = False  # after a Redis error: look on the taking lists for an item taken in the dark
         while not self._stop.is_set():
             if not self._go.wait(_TAKE_WAIT_S):
                 continue
             try:
                 with self.lock:
+                    if taken is None and recover:
+                        taken = self._taken_before()
+                        recover = False
                     if taken is None:
-                        taken = self.redis.brpop(self.queues, timeout=_TAKE_WAIT_S)
-                        if taken is not None and not self._go.is_set():  # paused while it waited: put it back
-                            self.redis.rpush(*taken)
+                        taken = self._take()
+                        if taken is not None and not self._go.is_set():  # paused as it took: put it back
+                            self.redis.lmove(self._taking[taken[0]], taken[0], "LEFT", "RIGHT")
                             taken = None
                     answered = self._answer_item(*taken) if taken is not None else None
-                    taken = None
             except redis_lib.exceptions.ConnectionError:  # Redis restarting (BusyLoadingError included)
                 self.redis_errors += 1
+                recover = True
                 self._stop.wait(_TAKE_WAIT_S)
                 continue
-            if answered is None:
+            if taken is None or answered is None:
+                self._stop.wait(_IDLE_POLL_S)
                 continue
             if self.delay_s:
                 self._stop.wait(self.delay_s)
             self._store(answered, retry=True)
+            self._release(*taken)
+            taken = None
+
+    def _take(self) -> tuple[str, Any] | None:
+        """Move the first waiting item (queues in taking order) onto its taking list; (queue, item)."""
+        for q in self.queues:
+            item = self.redis.lmove(q, self._taking[q], "RIGHT", "LEFT")
+            if item is not None:
+                return q, item
+        return None
+
+    def _taken_before(self) -> tuple[str, Any] | None:
+        """An item this thread moved onto a taking list and never stored (a Redis restart came between)."""
+        for q in self.queues:
+            item = self.redis.lindex(self._taking[q], -1)
+            if item is not None:
+                return q, item
+        return None
+
+    def _release(self, queue: str, item: Any) -> None:
+        """Drop a stored item from its taking list (a restart is waited out: the results are stored)."""
+        while True:
+            try:
+                self.redis.lrem(self._taking[queue], 1, item)
+                return
+            except redis_lib.exceptions.ConnectionError:
+                if self._stop.is_set():
+                    return
+                self.redis_errors += 1
+                self._stop.wait(_TAKE_WAIT_S)
 
     # --- one queue item -----------------------------------------------------------------------------
 
