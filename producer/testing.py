@@ -65,7 +65,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -305,15 +305,16 @@ class FakeWorker:
 
     def queued(self) -> int:
         """Messages waiting on the model's queues (every priority, online and backfill)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for q in self.queues:
-            pipe.llen(q)
-        return sum(int(n) for n in pipe.execute())
+        return self._lengths(self.queues)
 
     def _on_taking_lists(self) -> int:
         """Items the thread took and has not stored yet (an answer a Redis restart interrupted among them)."""
+        return self._lengths(self._taking.values())
+
+    def _lengths(self, lists: Iterable[str]) -> int:
+        """The items on `lists`, in one pipelined round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        for lst in self._taking.values():
+        for lst in lists:
             pipe.llen(lst)
         return sum(int(n) for n in pipe.execute())
 

@@ -389,6 +389,7 @@ def pad_dense(input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.T
     dense[:, :, pad, pad] = True
     return ids, pos, dense
 
+
 def decoder(model: Any, precision: str) -> FusedDecoder | None:
     """The model's FusedDecoder, built on first use and rebuilt when its weights were replaced since
     (a `.to()` or a reload); None when the backbone is not one `FusedDecoder` handles, or off CUDA at
