@@ -288,15 +288,22 @@ class FakeWorker:
 
     def drain(self, max_messages: int | None = None) -> Drained:
         """Answer every message queued now (and those queued meanwhile), in this thread, online
-        before backfill; at most `max_messages` when given. Returns what it did (`Drained`)."""
+        before backfill; at most `max_messages` when given. Returns what it did (`Drained`).
+
+        Items are taken as the thread takes them (onto a taking list, dropped once stored): a Redis
+        error raises out of drain() and leaves the item it held there, and the next drain() (or the
+        thread, once started) answers it first, so nothing taken is lost."""
         messages = answered = duplicates = dead = 0
         while max_messages is None or messages < max_messages:
             with self.lock:
-                taken = self._take_now()
-                item = self._answer_item(*taken) if taken is not None else None
-            if item is None:
-                break
+                # an item an interrupted drain() left (not the running thread's own item in flight)
+                taken = self._taken_before() if self._thread is None else None
+                taken = taken or self._take()
+                if taken is None:
+                    break
+                item = self._answer_item(*taken)
             got = self._store(item, retry=False)
+            self._release(*taken, retry=False)
             messages += 1
             answered += got.answered
             duplicates += got.duplicates
@@ -317,13 +324,6 @@ class FakeWorker:
         for lst in lists:
             pipe.llen(lst)
         return sum(int(n) for n in pipe.execute())
-
-    def _take_now(self) -> tuple[str, Any] | None:
-        for q in self.queues:
-            item = self.redis.rpop(q)
-            if item is not None:
-                return q, item
-        return None
 
     # --- in a thread ------------------------------------------------------------------------------
 
@@ -442,13 +442,16 @@ class FakeWorker:
                 return q, item
         return None
 
-    def _release(self, queue: str, item: Any) -> None:
-        """Drop a stored item from its taking list (a restart is waited out: the results are stored)."""
+    def _release(self, queue: str, item: Any, *, retry: bool = True) -> None:
+        """Drop a stored item from its taking list (in thread mode a restart is waited out: the results
+        are stored; answering it again would find them and write nothing)."""
         while True:
             try:
                 self.redis.lrem(self._taking[queue], 1, item)
                 return
             except redis_lib.exceptions.ConnectionError:
+                if not retry:
+                    raise
                 if self._stop.is_set():
                     return
                 self.redis_errors += 1

@@ -305,6 +305,33 @@ def test_an_item_whose_take_reply_was_lost_is_still_answered(vela2_client, vela2
     assert not r.keys("*fake-taking*")  # released once stored
 
 
+def test_a_drain_a_redis_restart_interrupted_loses_nothing(vela2_client, vela2_redis):
+    """drain() takes as the thread does (onto a taking list): a Redis error while it stores raises out of
+    drain() and leaves the item taken; the next drain() answers it before anything else."""
+    import redis as redis_lib
+
+    worker = FakeWorker(vela2_redis.client())
+    real, calls = worker.store.store, []
+
+    def flaky(items, jobs=None):
+        calls.append(items)
+        if len(calls) == 1:
+            raise redis_lib.exceptions.ConnectionError("Redis restarting")
+        return real(items, jobs=jobs)
+
+    worker.store.store = flaky
+    first, second = vela2_client.submit_many([{**ROW, "id": "r-1"}, {**ROW, "id": "r-2"}])
+    with pytest.raises(redis_lib.exceptions.ConnectionError):
+        worker.drain()
+    assert vela2_client.status(first) == "pending" and worker.queued() == 1
+    assert worker._on_taking_lists() == 1  # the interrupted item: off its queue, not lost
+    got = worker.drain()
+    assert got.messages == 2 and got.answered == 2
+    assert [x[0][0] for x in calls] == [first, first, second]  # the left item answered first
+    assert vela2_client.status(first) == vela2_client.status(second) == "answered"
+    assert worker._on_taking_lists() == 0 and worker.queued() == 0
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_thread_that_died_is_said_at_once_not_waited_on(vela2_client, vela2_fake_worker):
     def broken_store(items, jobs=None):
