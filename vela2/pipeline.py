@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,6 +200,22 @@ def launch_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
 
 
 SPAN_CHUNK_ELEMENTS = 1 << 24  # largest word x label product one span matmul computes (64 MB fp32)
+
+
+def run_ahead(model: Vela2Model, batches: Iterable[list[Sequence]], precision: str,
+              row_tokens: int | None = None) -> Iterator[list[SeqOutput]]:
+    """run_batch over `batches`, yielding each batch's outputs in order, with one batch in flight:
+    batch N+1 is collated and its kernels queued (`launch_batch`) before batch N's outputs are
+    collected, so the host's work for the next batch hides behind the device's work on this one
+    (the worker's device loop does the same)."""
+    previous: Launched | None = None
+    for sequences in batches:
+        launched = launch_batch(model, sequences, precision, row_tokens)
+        if previous is not None:
+            yield previous.outputs()
+        previous = launched
+    if previous is not None:
+        yield previous.outputs()
 
 
 def span_logits(words: torch.Tensor, labels: torch.Tensor, blocks: list[tuple[int, int, slice, slice]],

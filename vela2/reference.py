@@ -11,7 +11,7 @@ from vela2.config import DEFAULT_MAX_BATCH_TOKENS, default_precision
 from vela2.errors import Vela2Error
 from vela2.modeling import Vela2Model
 from vela2.packing import pack
-from vela2.pipeline import Prepared, SeqOutput, finish, prepare, run_batch
+from vela2.pipeline import Prepared, SeqOutput, finish, prepare, run_ahead
 from vela2.schemas import RowResult, error_result, guess_id_task
 
 
@@ -43,10 +43,14 @@ def predict(
     flat = [(i, w, seq) for i, p in preps.items() for w, seq in enumerate(p.sequences)]
     outputs: dict[int, list[SeqOutput | None]] = {i: [None] * len(p.sequences) for i, p in preps.items()}
     model_ms = dict.fromkeys(preps, 0.0)
-    for batch in pack([seq.num_tokens for _, _, seq in flat], max_batch_tokens, row_tokens):
-        t0 = time.perf_counter()
-        outs = run_batch(model, [flat[k][2] for k in batch], precision, row_tokens)
+    batches = pack([seq.num_tokens for _, _, seq in flat], max_batch_tokens, row_tokens)
+    t0 = time.perf_counter()
+    # one batch in flight (run_ahead): a row's model_ms is the time from the previous batch's outputs
+    # (or the start) to its own batch's outputs
+    for batch, outs in zip(batches, run_ahead(model, ([flat[k][2] for k in b] for b in batches), precision,
+                                              row_tokens), strict=True):
         elapsed = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
         for k, out in zip(batch, outs, strict=True):
             i, w, _ = flat[k]
             outputs[i][w] = out

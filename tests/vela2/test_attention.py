@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn.attention.flex_attention import create_block_mask
 
 import vela2
 from vela2 import attention
@@ -82,6 +83,10 @@ def test_block_mask_is_the_tree_mask(layout):
     assert (partial | full == tiles.any(-1).numpy()).all()
     assert (full == tiles.all(-1).numpy()).all()
     assert not (partial & full).any()
+    # built from tile counts, the BlockMask is the one flex's own create_block_mask makes of the mask_mod
+    ref = create_block_mask(attention.tree_mask_mod(parts, segs), B, None, L, L, device="cpu", BLOCK_SIZE=bs)
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks"):
+        assert torch.equal(getattr(bm, name), getattr(ref, name)), name
 
 
 def test_block_mask_skips_other_sequences():

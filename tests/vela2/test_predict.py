@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import vela2
-from vela2 import reference
+from vela2 import pipeline, reference
 from vela2.calibration import option_value
 from vela2.config import LIMITS
 from vela2.demo import sample_rows
@@ -27,6 +27,8 @@ from vela2.rendering import RenderedRow, Sequence, split_words
 from vela2.schemas import Answer, RowResult, SpanOut, parse_row, surrogate_index
 
 TOL = 1e-5  # fp32 on the demo model: bundled / batched / alone agree to this (max |prob diff|)
+# Raw logits are unbounded (the trained demo's reach ~40, where an fp32 ulp is 3.8e-6): they are held
+# to TOL relative to their size, so a few ulps of batch-shape-dependent rounding do not fail a test.
 
 TEXT = (
     "Alice Smith from Acme wrote to bob@globex.com on Monday. She asked whether the refund for "
@@ -63,14 +65,18 @@ def flat(res) -> dict[str, Any]:
 
 
 def assert_close(a, b, tol: float = TOL) -> float:
-    """Same keys, same decisions / spans / offsets, numbers within `tol`; returns the max diff."""
+    """Same keys, same decisions / spans / offsets, numbers within `tol` (logits relative to their size,
+    see TOL); returns the max diff."""
     fa, fb = flat(a), flat(b)
     assert fa.keys() == fb.keys()
     worst = 0.0
     for k in fa:
         x, y = fa[k], fb[k]
         if isinstance(x, float | np.ndarray) and not isinstance(x, bool):
-            d = float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) if np.size(x) else 0.0
+            diff = np.abs(np.asarray(x, dtype=np.float64) - np.asarray(y, dtype=np.float64))
+            if k.endswith("logits"):
+                diff = diff / np.maximum(1.0, np.abs(np.asarray(x, dtype=np.float64)))
+            d = float(np.max(diff)) if np.size(x) else 0.0
             assert d <= tol, (k, d)
             worst = max(worst, d)
         else:
@@ -138,6 +144,35 @@ def test_batched_equals_alone(demo_model):
         assert [r.id for r in together] == [r["id"] for r in rows]
         for a, b in zip(together, alone, strict=True):
             assert_close(a, b)
+
+
+def test_run_ahead_yields_each_batch_as_run_batch_does(demo_model, monkeypatch):
+    """pipeline.run_ahead (predict()'s loop): every batch's outputs, in order, equal to run_batch's;
+    batch N+1 is launched before batch N is collected, and every launched batch is collected."""
+    seqs = [s for r in [*sample_rows(), *BUNDLES] for s in prepare(demo_model, r).sequences]
+    batches = [seqs[:3], seqs[3:4], seqs[4:9]]
+    events: list[str] = []
+    real_launch = pipeline.launch_batch
+
+    def launch(model, sequences, *args, **kwargs):
+        launched = real_launch(model, sequences, *args, **kwargs)
+        events.append(f"launch {len(sequences)}")
+        real_outputs = launched.outputs
+        launched.outputs = lambda: (events.append(f"collect {len(sequences)}"), real_outputs())[1]
+        return launched
+
+    monkeypatch.setattr(pipeline, "launch_batch", launch)
+    ahead = list(pipeline.run_ahead(demo_model, iter(batches), "fp32"))
+    assert events == ["launch 3", "launch 1", "collect 3", "launch 5", "collect 1", "collect 5"]
+    monkeypatch.undo()
+    assert len(ahead) == len(batches)
+    for batch, outs in zip(batches, ahead, strict=True):
+        for a, b in zip(outs, run_batch(demo_model, batch, "fp32"), strict=True):
+            assert a.options.keys() == b.options.keys() and a.spans.keys() == b.spans.keys()
+            for q in a.options:
+                np.testing.assert_array_equal(a.options[q], b.options[q])
+            for q in a.spans:
+                np.testing.assert_array_equal(a.spans[q], b.spans[q])
 
 
 def test_answers_are_well_formed(demo_model):
@@ -619,19 +654,20 @@ def test_any_options_give_valid_json(demo_model, kind, options):
 def test_non_finite_logits_become_a_model_error(demo_model, monkeypatch):
     """A model that returns NaN / infinity for a row: that row gets a model_error result (JSON-safe),
     the other rows of the same predict() call their answers."""
-    real = reference.run_batch
+    real = reference.run_ahead
 
-    def poisoned(model, sequences, *args, **kwargs):
-        outs = real(model, sequences, *args, **kwargs)
-        for seq, out in zip(sequences, outs, strict=True):
-            if seq.row_id == "poison":
-                for q in out.options:
-                    out.options[q] = np.full_like(out.options[q], np.nan)
-                for q in out.spans:
-                    out.spans[q][0, 0] = np.inf
-        return outs
+    def poisoned(model, batches, *args, **kwargs):
+        batches = list(batches)
+        for sequences, outs in zip(batches, real(model, batches, *args, **kwargs), strict=True):
+            for seq, out in zip(sequences, outs, strict=True):
+                if seq.row_id == "poison":
+                    for q in out.options:
+                        out.options[q] = np.full_like(out.options[q], np.nan)
+                    for q in out.spans:
+                        out.spans[q][0, 0] = np.inf
+            yield outs
 
-    monkeypatch.setattr(reference, "run_batch", poisoned)
+    monkeypatch.setattr(reference, "run_ahead", poisoned)
     rows = [{**BUNDLES[1], "id": "poison"}, {**BUNDLES[1], "id": "fine"},
             {**GOOD, "id": "poison", "task": "span:x", "questions": [{"labels": ["person"]}]}]
     bad, good, bad_span = vela2.predict(demo_model, rows, precision="fp32")
