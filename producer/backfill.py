@@ -620,6 +620,7 @@ def run_backfill(
     retry: str | None = None,
     stall_warn_s: float = DEFAULT_STALL_WARN_S,
     broker_url: str | None = None,
+    wait_replicas: int = 0,
 ) -> BackfillSummary:
     """Score every request of IN through the queue into OUT (see the module docstring).
 
@@ -631,7 +632,9 @@ def run_backfill(
     (producer.client.Scope; OUT holds them as given). `retry`: "timeouts" or "errors", the lines of
     OUT scored again (module docstring). `stall_warn_s`: warn after this long without an answer
     while the queue does not shrink. `broker_url`: the workers' broker when it is not the Redis at
-    `redis_url`. Returns the summary (also logged). A URL of the wrong scheme raises ConfigError
+    `redis_url`. `wait_replicas`: each push returns only once this many replicas of the broker's Redis
+    hold its messages (Client's `wait_replicas`; a push that reaches fewer is retried like a Redis
+    timeout). Returns the summary (also logged). A URL of the wrong scheme raises ConfigError
     naming it (password masked) before anything is read.
     """
     if redis is None:
@@ -640,6 +643,8 @@ def run_backfill(
         check_url(broker_url, "broker", BROKER_SCHEMES)
     if window < 1:
         raise InvalidRequest(f"window must be at least 1; got {window}")
+    if wait_replicas < 0:
+        raise InvalidRequest(f"wait_replicas must be 0 or more; got {wait_replicas}")
     if chunk_size < 1:
         raise InvalidRequest(f"chunk_size must be at least 1; got {chunk_size}")
     deadline_to_expires(deadline_s)  # a deadline out of bounds is refused before anything is queued
@@ -648,7 +653,8 @@ def run_backfill(
     done, torn = scan_out(out_path)
     enabled = sys.stderr.isatty() if progress is None else progress
     bar = _progress_bar(enabled, count_lines(in_path) if enabled else None)
-    client = Client(redis_url, model=model, redis=redis, tenant=tenant, broker_url=broker_url)
+    client = Client(redis_url, model=model, redis=redis, tenant=tenant, broker_url=broker_url,
+                    wait_replicas=wait_replicas)
     writer = LineWriter(out_path)
     job = _Backfill(
         client, writer, window=window, chunk_size=chunk_size, timeout_s=timeout_s, deadline_s=deadline_s,
@@ -682,6 +688,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
                     help=f"the workers' broker URL when it is not the Redis of --redis (default ${ENV_BROKER_URL})")
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="model name (its queues)")
+    ap.add_argument("--wait-replicas", type=int, default=0, metavar="N",
+                    help="each push returns once N replicas of the broker's Redis hold it (Redis WAIT; Sentinel)")
     ap.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="most rows in flight (backpressure)")
     ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="rows per queue message")
     ap.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per row; then an error line")
@@ -731,6 +739,7 @@ def main(argv: list[str] | None = None) -> int:
             retry=args.retry,
             stall_warn_s=args.stall_warn_s,
             broker_url=args.broker,
+            wait_replicas=args.wait_replicas,
         )
     except (InvalidRequest, LimitExceeded, ConfigError) as e:
         print(f"vela2 backfill: {e}", file=sys.stderr)

@@ -66,7 +66,7 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
 500   the worker failed on it (e.g. ``model_error``): the error answer
 429   every Redis connection of the route stayed busy for ``--redis-wait-s`` (``busy``; with
       ``Retry-After``): load, not an outage
-503   Redis unreachable
+503   Redis unreachable, or (``--wait-replicas N``) fewer than N replicas took the submission
 504   ``status: expired``: its ``deadline_s`` passed before a worker scored it
 ====  ==========================================================================================
 
@@ -100,7 +100,7 @@ from pydantic import BaseModel, StringConstraints
 from producer import jobs
 from producer.aio import AsyncClient, BoundedPool, Busy, SyncBoundedPool
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing, Refusal
-from producer.brokers import AmqpPublisher
+from producer.brokers import AmqpPublisher, NotReplicated
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, result_expired_error
 from producer.client import http_status as status_code
 from vela2 import __version__
@@ -245,7 +245,9 @@ def _error(http_status: int, exc: BaseException, obj: Any = None) -> JSONRespons
 
 
 def _unavailable(exc: BaseException) -> JSONResponse:
-    info = ErrorInfo(type="unavailable", message=f"redis is unreachable: {exc}")
+    # NotReplicated: Redis answered, but fewer replicas than --wait-replicas hold the submission
+    why = "not accepted" if isinstance(exc, NotReplicated) else "redis is unreachable"
+    info = ErrorInfo(type="unavailable", message=f"{why}: {exc}")
     return JSONResponse(ErrorAnswer(error=info).model_dump(mode="json"), status_code=503)
 
 
@@ -275,6 +277,7 @@ def create_app(
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     broker_url: str | None = None,
+    wait_replicas: int = 0,
 ) -> FastAPI:
     """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring), queueing
     on `broker_url` when the workers' broker is another Redis (as many connections again there).
@@ -282,7 +285,8 @@ def create_app(
     `keys`: the API keys callers must present (producer.auth); None serves without authentication
     (say so explicitly: `serve` allows it on loopback only). At most `redis_connections` Redis
     connections; a request waits up to `redis_wait_s` for one, then gets 429 with Retry-After. A
-    body not received within `body_timeout_s` gets 408."""
+    body not received within `body_timeout_s` gets 408. `wait_replicas`: a submission is accepted only
+    once this many replicas of the broker's Redis hold it (Client's `wait_replicas`; fewer: 503)."""
     state: dict[str, AsyncClient] = {}
     tenants: dict[str, AsyncClient] = {}  # one client per tenant seen, over the one pool
     # The bulk-job routes run producer.jobs (synchronous, streaming) in worker threads, over a pool of
@@ -290,7 +294,8 @@ def create_app(
     sync_pool = redis_pool(redis_url, SyncBoundedPool, max_connections=redis_connections, timeout=redis_wait_s)
 
     def jobs_client(tenant: str | None) -> Client:
-        return Client(model=model, redis=redis_lib.Redis(connection_pool=sync_pool), tenant=tenant)
+        return Client(model=model, redis=redis_lib.Redis(connection_pool=sync_pool), tenant=tenant,
+                      wait_replicas=wait_replicas)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -306,7 +311,8 @@ def create_app(
         elif broker_url:
             broker_pool = redis_pool(broker_url, BoundedPool, max_connections=redis_connections, timeout=redis_wait_s)
             broker = aioredis.Redis(connection_pool=broker_pool)
-        state["client"] = AsyncClient(model=model, track_submitted=True, redis=redis_client, broker=broker)
+        state["client"] = AsyncClient(model=model, track_submitted=True, redis=redis_client, broker=broker,
+                                      wait_replicas=wait_replicas)
         try:
             yield
         finally:
@@ -666,6 +672,7 @@ def serve(
     headers_timeout_s: float = DEFAULT_HEADERS_TIMEOUT_S,
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     broker_url: str | None = None,
+    wait_replicas: int = 0,
 ) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
     `keys` None (no authentication) is refused unless `host` is a loopback address; a URL of the
@@ -684,7 +691,7 @@ def serve(
                           "or --no-auth on loopback")
     app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
                      redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
-                     max_batch_bytes=max_batch_bytes, broker_url=broker_url)
+                     max_batch_bytes=max_batch_bytes, broker_url=broker_url, wait_replicas=wait_replicas)
     uvicorn.run(app, host=host, port=port, log_level=log_level, http=headers_timeout_protocol(headers_timeout_s))
 
 
@@ -746,6 +753,13 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _at_least_zero(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0; got {raw}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2 http` arguments (shared with the CLI)."""
     ap = argparse.ArgumentParser(prog="vela2 http", description=__doc__.splitlines()[0])
@@ -755,6 +769,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0 inside a container)")
     ap.add_argument("--port", type=int, default=DEFAULT_PORT)
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="the model served")
+    ap.add_argument("--wait-replicas", type=_at_least_zero, default=0, metavar="N",
+                    help="accept a submission once N replicas of the broker's Redis hold it (Redis WAIT; Sentinel)")
     ap.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="default wait for an answer")
     ap.add_argument("--max-wait-s", type=float, default=DEFAULT_MAX_WAIT_S, help="largest wait_s accepted")
     ap.add_argument("--log-level", default="info")
@@ -799,6 +815,7 @@ def main(argv: list[str] | None = None) -> int:
             headers_timeout_s=args.headers_timeout_s,
             max_batch_bytes=args.max_batch_bytes,
             broker_url=args.broker,
+            wait_replicas=args.wait_replicas,
         )
     except ConfigError as e:
         print(f"vela2 http: {e}", file=sys.stderr)

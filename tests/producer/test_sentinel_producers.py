@@ -1,6 +1,7 @@
 """The producer side over a sentinel:// URL (a real master, replica and sentinel): AsyncClient, the
 bounded pools and the route of `vela2 http`, `vela2 status` and `vela2 backfill` (answered by a
-FakeWorker on the same URL); a push that waits for a replica (wait_replicas) and one that cannot get it."""
+FakeWorker on the same URL); a push that waits for a replica (wait_replicas: Client, `vela2 backfill
+--wait-replicas`, `vela2 http --wait-replicas`) and one that cannot get it."""
 
 from __future__ import annotations
 
@@ -88,13 +89,25 @@ def test_status_and_backfill_take_a_sentinel_url(cluster, tmp_path):
     worker = FakeWorker(url, model=MODEL).start()  # answers through sentinel too
     try:
         run = subprocess.run([sys.executable, "-m", "vela2.cli", "backfill", str(rows), str(tmp_path / "out.jsonl"),
-                              "--timeout-s", "60"], cwd=ROOT, env=child_env({"VELA2_REDIS_URL": url}),
-                             capture_output=True, text=True, timeout=120)
+                              "--timeout-s", "60", "--wait-replicas", "1"], cwd=ROOT,
+                             env=child_env({"VELA2_REDIS_URL": url}), capture_output=True, text=True, timeout=120)
     finally:
         worker.stop()
     assert run.returncode == 0, run.stderr
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert sorted(o["id"] for o in out if o["status"] == "ok") == [f"b-{i}" for i in range(5)]
+    # no replica answering: each push is retried like a Redis timeout, then the run stops (exit 3, resumable)
+    rows.write_text("".join(json.dumps({**ROW, "id": f"c-{i}"}) + "\n" for i in range(5)))
+    assert cluster.replica.proc is not None
+    cluster.replica.proc.send_signal(signal.SIGSTOP)
+    try:
+        stuck = subprocess.run([sys.executable, "-m", "vela2.cli", "backfill", str(rows), str(tmp_path / "out3.jsonl"),
+                                "--wait-replicas", "1", "--redis-timeout-s", "2"], cwd=ROOT,
+                               env=child_env({"VELA2_REDIS_URL": url}), capture_output=True, text=True, timeout=120)
+    finally:
+        cluster.replica.proc.send_signal(signal.SIGCONT)
+    assert stuck.returncode == 3, stuck.stderr
+    assert "reached 0 of 1 replicas" in stuck.stderr and "rerun the same command to resume" in stuck.stderr
     bad = subprocess.run([sys.executable, "-m", "vela2.cli", "backfill", str(rows), str(tmp_path / "out2.jsonl")],
                          cwd=ROOT, env=child_env({"VELA2_REDIS_URL": "sentinel://:s3cret@127.0.0.1:1/0"}),
                          capture_output=True, text=True, timeout=60)
@@ -108,11 +121,19 @@ def test_the_http_route_serves_through_sentinel(cluster, http_server):
     url = cluster.url()
     worker = FakeWorker(url, model=MODEL).start()
     try:
-        base = http_server(url)
+        base = http_server(url, "--wait-replicas", "1")
         with httpx.Client(base_url=base, timeout=60) as http:
             r = http.post("/v1/system_one", json=REQUEST, params={"wait_s": 30})
             assert r.status_code == 200, r.text
             assert r.json()["id"] == REQUEST["id"] and r.json()["status"] == "ok"
+            assert cluster.replica.proc is not None
+            cluster.replica.proc.send_signal(signal.SIGSTOP)  # no replica answers: not accepted, 503
+            try:
+                r = http.post("/v1/system_one", json={**REQUEST, "id": "http-2"}, params={"wait_s": 0})
+            finally:
+                cluster.replica.proc.send_signal(signal.SIGCONT)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["message"].startswith("not accepted: the push reached 0 of 1 replicas")
     finally:
         worker.stop()
     assert cluster.master.client().exists("celery-task-meta-" + REQUEST["id"])
