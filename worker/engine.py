@@ -36,6 +36,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,7 +65,10 @@ log = logging.getLogger(__name__)
 
 STATS_LOG_PREFIX = "vela2 engine stats: "  # then one JSON object (EngineStats.to_dict), logged at stop
 _IDLE_WAIT_S = 0.5  # longest sleep with nothing waiting (new events wake the loop at once)
-_STORE_RETRY_S = 1.0  # pause before retrying a failed result write (Redis away)
+_STORE_RETRY_S = 1.0  # pause before retrying a failed result write (Redis away), or acks replicas did not allow
+# settings.wait_replicas: how long one WAIT may hold the engine thread (it takes, batches and stores between
+# tries: a replica that does not answer costs at most this per _STORE_RETRY_S, not a stalled worker)
+WAIT_REPLICAS_TIMEOUT_MS = 200
 RECENT_BATCHES = 256  # batches EngineStats.recent keeps
 # events one turn takes: a flood of deliveries (2,048 one-row messages at once) is taken over several
 # turns, so rendered rows launch a batch between them (on the H200 the first batch waited 0.8 s)
@@ -148,6 +152,7 @@ class EngineStats:
     duplicates: int = 0
     messages_acked: int = 0
     messages_returned: int = 0
+    acks_deferred: int = 0  # WAITs that came back short (settings.wait_replicas): the acks waited a retry
     batches: int = 0
     batches_raised: int = 0
     retried_alone: int = 0  # requests run alone because an earlier attempt died with its worker
@@ -184,6 +189,7 @@ class EngineStats:
             "duplicates": self.duplicates,
             "messages_acked": self.messages_acked,
             "messages_returned": self.messages_returned,
+            "acks_deferred": self.acks_deferred,
             "batches": self.batches,
             "batches_raised": self.batches_raised,
             "retried_alone": self.retried_alone,
@@ -242,6 +248,9 @@ class Engine:
         # so the acks of a turn cost one Redis call, not one each; None: each ack removes its own
         self.release_held = release_held
         self._to_ack: list[Delivery] = []
+        self._ack_after = 0.0  # acks wait until then (settings.wait_replicas: the replicas did not have the results)
+        self._unreplicated_since: float | None = None  # when WAIT last started coming back short
+        self._wait_probe = keys.wait_probe_key(uuid.uuid4().hex)
         # worker.cpu_procs.CpuProcesses: render and decode in processes (None: in self._pool's threads)
         self.cpu = cpu
         self._in_cpu: dict[int, _Request] = {}  # key -> request with work (or a rendered row) in a process
@@ -348,12 +357,14 @@ class Engine:
                 log.exception("engine loop error")
                 ran_batch = False
                 time.sleep(0.1)
-        self._send_acks()
+        self._send_acks(force=True)
         self._return_all()
 
     def _wait_s(self) -> float:
-        if self._to_ack or self._backlog:
+        if self._backlog or (self._to_ack and self.clock() >= self._ack_after):
             return 0.0
+        if self._to_ack:
+            return max(0.0, min(_IDLE_WAIT_S, self._ack_after - self.clock()))
         if self._to_store:
             return max(0.0, min(_IDLE_WAIT_S, self._store_after - self.clock()))
         if self._in_flight:
@@ -1023,11 +1034,16 @@ class Engine:
             self.leases.release(msg.delivery.tag)
         self._to_ack.append(msg.delivery)
 
-    def _send_acks(self) -> None:
+    def _send_acks(self, force: bool = False) -> None:
         """Ack every message finalized this turn: their held records go in one round trip, then
         each ack settles the consumer's bookkeeping (should that round trip fail, each ack removes
-        its own record, as without release_held)."""
-        if not self._to_ack:
+        its own record, as without release_held). With settings.wait_replicas, only once that many
+        replicas hold what was stored (`_replicated`); else they wait (unacked) and try again in
+        _STORE_RETRY_S (`force`: try now, at stop)."""
+        if not self._to_ack or (not force and self.clock() < self._ack_after):
+            return
+        if self.settings.wait_replicas and not self._replicated():
+            self._ack_after = self.clock() + _STORE_RETRY_S
             return
         acks, self._to_ack = self._to_ack, []
         if self.release_held is not None:
@@ -1037,6 +1053,33 @@ class Engine:
                 log.warning("releasing %d acked messages in one call failed (%s); acking one by one", len(acks), e)
         for d in acks:
             d.ack()
+
+    def _replicated(self) -> bool:
+        """Whether settings.wait_replicas replicas of the result store hold every write so far: one round
+        trip of a write of our own (WAIT waits for its connection's last write, and a replica that has a
+        write has every earlier one) and WAIT, up to WAIT_REPLICAS_TIMEOUT_MS."""
+        want = self.settings.wait_replicas
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.set(self._wait_probe, 1, ex=60)
+        pipe.execute_command("WAIT", want, WAIT_REPLICAS_TIMEOUT_MS)
+        try:
+            got = int(pipe.execute()[-1])
+        except Exception as e:  # Redis away: the results' own retry says so; the acks wait
+            got, why = 0, f"{type(e).__name__}: {e}"
+        else:
+            why = f"{got} of {want} replicas within {WAIT_REPLICAS_TIMEOUT_MS} ms"
+        if got >= want:
+            if self._unreplicated_since is not None:
+                log.info("replicas hold the stored results again after %.1f s: acking",
+                         self.clock() - self._unreplicated_since)
+                self._unreplicated_since = None
+            return True
+        if self._unreplicated_since is None:
+            self._unreplicated_since = self.clock()
+            log.warning("stored results not yet on the replicas (%s, wait_replicas %d): %d messages stay unacked "
+                        "and are acked once they are", why, want, len(self._to_ack))
+        self.stats.acks_deferred += 1
+        return False
 
     def _return_all(self) -> None:
         """Give every message not yet acked back to its queue (warm stop ran out of time), the

@@ -51,6 +51,9 @@ class EngineSettings:
     row_tokens: int = setting(0, "pack several short sequences per row of this many tokens; 0: one per row")
     max_attempts: int = setting(3, "deliveries a request may crash a worker in before it is dead-lettered")
     attempts_ttl_s: int = setting(86_400, "TTL of a request's attempt counter (outlives many redeliveries)")
+    wait_replicas: int = setting(0, "ack a message only once this many replicas of the result store's Redis hold "
+                                    "its results (Redis WAIT; Sentinel: a failover then cannot lose an answer whose "
+                                    "message was acked); 0: the master's reply is enough")
 
 
 @dataclass(frozen=True)

@@ -318,6 +318,52 @@ def test_a_failing_store_delays_the_ack(redis):
     assert calls["n"] >= 2 and broker.acked == ["x"]
 
 
+def test_with_wait_replicas_an_ack_waits_until_replicas_hold_the_results(redis):
+    """settings.wait_replicas: results are stored, then a write of the worker's own and WAIT in one round
+    trip; a short WAIT leaves the message unacked (tried again a second later), never lost or acked early."""
+    from worker.engine import WAIT_REPLICAS_TIMEOUT_MS
+
+    replicas, waits = {"n": 0}, []
+    real_pipeline = redis.pipeline
+
+    base = type(real_pipeline(transaction=False))
+
+    class Pipe(base):  # type: ignore[misc,valid-type]  # WAIT answered from `replicas` (fakeredis has none)
+        wait: tuple | None = None
+
+        def execute_command(self, *args, **kwargs):
+            if args[0] == "WAIT":
+                self.wait = args[1:]
+                return self
+            return super().execute_command(*args, **kwargs)
+
+        def execute(self, *args, **kwargs):
+            out = super().execute(*args, **kwargs)
+            if self.wait is not None:
+                waits.append(self.wait)
+                out.append(replicas["n"])
+            return out
+
+    def pipeline(*args, **kwargs):
+        pipe = real_pipeline(*args, **kwargs)
+        pipe.__class__ = Pipe
+        return pipe
+
+    redis.pipeline = pipeline
+    engine, _, broker = make_engine(redis, wait_replicas=1)
+    engine.submit(broker.delivery([row("x")]))
+    deadline = time.monotonic() + 10
+    while len(waits) < 2:  # stored, then WAIT came back short twice (a second apart): still unacked
+        assert time.monotonic() < deadline, waits
+        time.sleep(0.01)
+    assert redis.exists(result_key("x")) and broker.acked == [] and engine.stats.acks_deferred >= 2
+    replicas["n"] = 1
+    broker.wait(1, timeout_s=10)
+    engine.stop(5)
+    assert broker.acked == ["x"]
+    assert set(waits) == {(1, WAIT_REPLICAS_TIMEOUT_MS)}
+
+
 def _raw_delivery(broker, headers, body, acks):
     def ack():
         acks.append(headers.get("id"))

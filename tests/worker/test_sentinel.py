@@ -94,6 +94,39 @@ REPORT_ENV = "VELA2_SENTINEL_REPORT"  # where the measured figures are appended 
 SCENARIOS = (("kill", False, 0), ("partition_kill", True, 0), ("partition_kill_wait1", True, 1))
 
 
+
+def test_with_wait_replicas_the_worker_acks_only_what_a_replica_holds(sentinel_cluster_factory, start_worker):
+    """--wait-replicas 1: while the replica does not answer, answers are stored on the master and their
+    messages stay unacked (a failover now would bring them back, not lose them); once it answers they are acked."""
+    import signal
+
+    cluster = sentinel_cluster_factory(sentinels=1)
+    url = cluster.url()
+    w = start_worker(url, broker_url=url, wait_replicas=1).wait_ready()
+    master = cluster.master.client()
+    client = Client(url, model=MODEL, broker_url=url)
+    assert cluster.replica.proc is not None
+    cluster.replica.proc.send_signal(signal.SIGSTOP)
+    try:
+        rid = client.submit({**ROW, "id": "wr-1"})
+        deadline = time.monotonic() + 60
+        while not master.exists(result_key(rid)):
+            assert time.monotonic() < deadline, "no answer stored"
+            time.sleep(0.05)
+        held_until = time.monotonic() + 2.5  # two more WAIT tries, a second apart: still unacked
+        while time.monotonic() < held_until:
+            assert master.hlen("unacked") == 1
+            time.sleep(0.1)
+    finally:
+        cluster.replica.proc.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while master.hlen("unacked"):
+        assert time.monotonic() < deadline, "never acked once the replica answered"
+        time.sleep(0.05)
+    assert cluster.replica.client().exists(result_key(rid))  # the answer reached the replica before the ack
+    assert client.result(rid, timeout_s=0).status == "ok"
+    assert w.terminate() == 0
+
 def _retrying(what: str, call: Any, deadline: float, counts: dict[str, int]) -> Any:
     """call() until it does not raise a connection-type error (a producer riding out a failover)."""
     while True:

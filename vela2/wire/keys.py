@@ -20,6 +20,7 @@ HEARTBEAT_S = 5.0  # a live worker beats this often; a reader counts one 3 beats
 CANCEL_PREFIX = "vela2:cancel:"  # a marker per cancelled request id (Client.cancel); the worker checks it at intake
 JOB_PREFIX = "vela2:job:"  # a hash per bulk job (vela2.wire.jobs), and its id list `<key>:ids`
 JOBS_PREFIX = "vela2:jobs:"  # a sorted set per model: job id -> its creation time (`vela2 jobs list`, metrics)
+WAIT_PROBE_PREFIX = "vela2:wait-probe:"  # a worker writes it before a WAIT, so the WAIT covers every earlier write
 JOB_HEADER = "vela2_job"  # the message header naming the job a message's requests belong to
 
 # kombu's Redis transport: delivered, not yet acknowledged messages live in these (its defaults),
@@ -90,6 +91,11 @@ def cancel_key(request_id: str) -> str:
     """The marker of a cancelled request (`vela2:cancel:<id>`): a worker that has not started it
     answers it `cancelled` instead of scoring it."""
     return CANCEL_PREFIX + request_id
+
+
+def wait_probe_key(owner: str) -> str:
+    """The key a worker writes just before `WAIT` (WAIT waits for its connection's last write)."""
+    return WAIT_PROBE_PREFIX + owner
 
 
 def job_key(job_id: str) -> str:
