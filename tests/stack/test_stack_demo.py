@@ -52,9 +52,10 @@ def test_demo_runs_on_fakeredis_when_redis_server_is_missing(demo_dir, monkeypat
     answer_of = {x.split()[0]: x for x in out.splitlines() if x.startswith("demo-")}
     assert 'choice:intent: "delivery"' in answer_of["demo-choice"]
     assert 'set:toxicity: ["insult", "threat"]' in answer_of["demo-set"]
-    assert "person='Chen Garcia'" in answer_of["demo-pii"] and "email='chen_garcia7@mail.test'" in answer_of["demo-pii"]
-    assert 'intent: "refund"' in answer_of["demo-systemone"] and "email='carol.evans4@example.com'" in answer_of[
-        "demo-systemone"]
+    # e-mails by their tail: the local part's first name is where a model trained on another CPU may
+    # start the span later (README, "The demo model")
+    assert "person='Chen Garcia'" in answer_of["demo-pii"] and "garcia7@mail.test'" in answer_of["demo-pii"]
+    assert 'intent: "refund"' in answer_of["demo-systemone"] and "evans4@example.com'" in answer_of["demo-systemone"]
     assert [answer_of[f"demo-bulk-{i}"].split("choice:sentiment: ")[1].split()[0] for i in range(3)] == [
         '"positive"', '"negative"', '"neutral"']
     assert "invalid_request" in next(x for x in out.splitlines() if x.startswith("demo-bad "))

@@ -36,9 +36,10 @@ def test_parity_command_on_the_demo_checkpoint(demo_dir, redis_url, tmp_path, ca
     b = report["bundled_vs_single"]
     assert b["questions"] > 4 and b["decision_flips"] == 0 and b["max_abs_logit_diff"] < 1e-4
     fp8 = report["bundled_vs_single_fp8"]
-    # fp8 rounds bf16-level differences (other GEMM shapes, other key orders) up to a whole fp8 step: on the
-    # demo model (CPU) bf16 gave ~0.02 here and fp8 ~0.08
-    assert fp8["questions"] == b["questions"] and fp8["max_abs_logit_diff"] < 0.2
+    # fp8 rounds bf16-level differences (other GEMM shapes, other key orders) up to a whole fp8 step, so the
+    # bound scales with the trained demo's logits (up to ~40): bf16 gave ~0.02 here, fp8 0.08 and 0.37 on two
+    # machines' demo models; a wrong mask or layout moves logits by whole units
+    assert fp8["questions"] == b["questions"] and fp8["max_abs_logit_diff"] < 1.0
     assert "Bundled vs single (fp8)" in text
     by_name = {(c["name"], c["type"]): c for c in report["comparisons"]}
     assert by_name[("predict_fp8_vs_predict_bf16", "choice")]["max_abs_logit_diff"] > 0  # fp8 really ran
