@@ -79,28 +79,18 @@ def tree_mask_mod(parts: torch.Tensor, segments: torch.Tensor | None) -> Callabl
     return mask_mod
 
 
-def _visible(parts: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
-    """The tree mask (B, L, L) bool [query, key] by broadcasting the codes: the rule of
-    `tree_mask_mod`, without gathering per pair (what makes `create_block_mask` slow eagerly)."""
-    code, context = _codes(parts, segments)
-    L = parts.shape[1]
-    pos = torch.arange(L, device=parts.device)
-    causal = pos[None, :] <= pos[:, None]  # (L, L): key <= query
-    cq, ck = code[:, :, None], code[:, None, :]  # (B, L, 1) queries, (B, 1, L) keys
-    visible = ((ck == cq) | (ck == context[:, :, None])) & (ck >= 0) & causal
-    return visible | (torch.eye(L, dtype=torch.bool, device=parts.device) & (cq < 0))
-
-
 def block_mask(parts: torch.Tensor, segments: torch.Tensor | None = None, block_size: int = BLOCK_SIZE) -> BlockMask:
     """BlockMask (B, 1, L, L) of the tree mask, on parts' device; heads share it (H=None).
 
     parts, segments: (B, L) as built by pipeline.collate (-1 on padding). L need not be a
     multiple of block_size, but encode pads it to one so compiled shapes repeat.
 
-    Built from the tile counts of `_visible`: eagerly, `create_block_mask` gathers each pair's ids
-    through vmap (11.7 ms for the H200 headline's 32 x 2,048-token batch); compiled it is fast but
-    compiles for ~36 s per (rows, length) shape, a stall a worker cannot take at its first batches.
+    Built from the tile counts of the dense tree mask (`modeling.tree_mask`, sdpa's): eagerly,
+    `create_block_mask` gathers each pair's ids through vmap (11.7 ms for the H200 headline's
+    32 x 2,048-token batch); compiled it is fast but compiles for ~36 s per (rows, length) shape, a
+    stall a worker cannot take at its first batches.
     """
+    from vela2.modeling import tree_mask  # here: vela2.modeling imports this module
     if parts.dim() != 2:
         raise ValueError(f"parts must be (B, L); got shape {tuple(parts.shape)}")
     if segments is not None and segments.shape != parts.shape:
@@ -110,7 +100,7 @@ def block_mask(parts: torch.Tensor, segments: torch.Tensor | None = None, block_
     if L % block_size:
         return create_block_mask(mask_mod, B, None, L, L, device=parts.device, BLOCK_SIZE=block_size)
     n = L // block_size
-    counts = _visible(parts, segments).view(B, n, block_size, n, block_size).sum(dim=(2, 4))  # (B, nq, nk)
+    counts = tree_mask(parts, segments).view(B, n, block_size, n, block_size).sum(dim=(2, 4))  # (B, nq, nk)
     full = counts == block_size * block_size
     partial = (counts > 0) & ~full
 
@@ -137,22 +127,21 @@ def padded_length(length: int, multiple: int = BLOCK_SIZE) -> int:
     return -(-length // multiple) * multiple
 
 
-def _raise_recompile_limit() -> None:
-    """Raise dynamo's per-function recompile limit to RECOMPILE_LIMIT (never lower it)."""
-    import torch._dynamo.config as dynamo_config
-
-    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    if getattr(dynamo_config, name) < RECOMPILE_LIMIT:
-        log.info("raising torch._dynamo.config.%s from %d to %d for flex attention shapes", name,
-                 getattr(dynamo_config, name), RECOMPILE_LIMIT)
-        setattr(dynamo_config, name, RECOMPILE_LIMIT)
-
-
 @functools.cache
 def compiled_flex_attention() -> Callable:
     """flex_attention compiled once per process (inductor generates the fused kernel; uncompiled,
     flex_attention materialises the full score matrix). Kernels are built lazily, per shape."""
-    _raise_recompile_limit()
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    if getattr(dynamo_config, name) < RECOMPILE_LIMIT:
+        log.info(
+            "raising torch._dynamo.config.%s from %d to %d for flex attention shapes",
+            name,
+            getattr(dynamo_config, name),
+            RECOMPILE_LIMIT,
+        )
+        setattr(dynamo_config, name, RECOMPILE_LIMIT)
     return torch.compile(flex_attention, dynamic=COMPILE_DYNAMIC)
 
 
