@@ -29,6 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from producer import brokers
 from producer.brokers import AmqpPublisher, check_replicated, queue_commands
 from producer.client import (
     DEFAULT_MODEL,
@@ -217,7 +218,7 @@ class AsyncClient:
         broker: Any = None,
         wait_replicas: int = 0,
     ):
-        self.wait_replicas = wait_replicas  # as producer.Client's
+        self.wait_replicas = brokers.check_wait_replicas(wait_replicas, broker_url)  # as producer.Client's
         self._owns_redis = redis is None  # aclose closes only a connection pool this client made
         self.redis = redis if redis is not None else async_redis_client(redis_url)
         self._owns_broker = broker is None and bool(broker_url)

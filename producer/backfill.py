@@ -63,6 +63,7 @@ from typing import Any
 
 import redis.exceptions
 
+from producer.brokers import check_wait_replicas
 from producer.client import (
     DEFAULT_MODEL,
     DEFAULT_REDIS_URL,
@@ -643,8 +644,7 @@ def run_backfill(
         check_url(broker_url, "broker", BROKER_SCHEMES)
     if window < 1:
         raise InvalidRequest(f"window must be at least 1; got {window}")
-    if wait_replicas < 0:
-        raise InvalidRequest(f"wait_replicas must be 0 or more; got {wait_replicas}")
+    check_wait_replicas(wait_replicas, broker_url)
     if chunk_size < 1:
         raise InvalidRequest(f"chunk_size must be at least 1; got {chunk_size}")
     deadline_to_expires(deadline_s)  # a deadline out of bounds is refused before anything is queued

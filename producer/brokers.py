@@ -106,6 +106,21 @@ def push(broker: Any, messages: list[Message], wait_replicas: int = 0) -> None:
     check_replicated(pipe.execute(), wait_replicas)
 
 
+def check_wait_replicas(wait_replicas: Any, broker_url: str | None) -> int:
+    """`wait_replicas` as a producer takes it: a whole number >= 0, and 0 for a RabbitMQ broker (its
+    publisher confirms already wait for the queue: on a quorum queue, a majority of its nodes; Redis
+    replicas do not exist there). Raises InvalidRequest naming the value otherwise."""
+    from vela2.errors import InvalidRequest
+
+    if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int) or wait_replicas < 0:
+        raise InvalidRequest(f"wait_replicas must be a whole number, 0 or more; got {wait_replicas!r}")
+    if wait_replicas and broker_url and is_amqp_url(broker_url):
+        raise InvalidRequest(f"wait_replicas {wait_replicas} counts replicas of a Redis broker; the broker is "
+                             "RabbitMQ (amqp://), whose publisher confirms already wait for the queue (a "
+                             "quorum queue: a majority of its nodes): leave wait_replicas at 0")
+    return wait_replicas
+
+
 def wait_command(pipe: Any, wait_replicas: int) -> None:
     """Add `WAIT wait_replicas WAIT_REPLICAS_TIMEOUT_MS` to a pipeline (nothing for 0): its reply is the
     number of replicas that acknowledged every write before it on that connection."""

@@ -352,9 +352,9 @@ class Client:
         broker: Any = None,
         wait_replicas: int = 0,
     ):
-        self.redis = redis if redis is not None else redis_client(redis_url)
         # a push returns once this many replicas of the broker's Redis have it (WAIT; see "Redis Sentinel")
-        self.wait_replicas = wait_replicas
+        self.wait_replicas = brokers.check_wait_replicas(wait_replicas, broker_url)
+        self.redis = redis if redis is not None else redis_client(redis_url)
         # the queues' broker: the result store's Redis unless the workers take from another broker
         self.broker = broker if broker is not None else brokers.connect(broker_url, self.redis)
         self.model = model

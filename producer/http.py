@@ -100,7 +100,7 @@ from pydantic import BaseModel, StringConstraints
 from producer import jobs
 from producer.aio import AsyncClient, BoundedPool, Busy, SyncBoundedPool
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing, Refusal
-from producer.brokers import AmqpPublisher, NotReplicated
+from producer.brokers import AmqpPublisher, NotReplicated, check_wait_replicas
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, result_expired_error
 from producer.client import http_status as status_code
 from vela2 import __version__
@@ -287,6 +287,7 @@ def create_app(
     connections; a request waits up to `redis_wait_s` for one, then gets 429 with Retry-After. A
     body not received within `body_timeout_s` gets 408. `wait_replicas`: a submission is accepted only
     once this many replicas of the broker's Redis hold it (Client's `wait_replicas`; fewer: 503)."""
+    check_wait_replicas(wait_replicas, broker_url)
     state: dict[str, AsyncClient] = {}
     tenants: dict[str, AsyncClient] = {}  # one client per tenant seen, over the one pool
     # The bulk-job routes run producer.jobs (synchronous, streaming) in worker threads, over a pool of
@@ -817,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
             broker_url=args.broker,
             wait_replicas=args.wait_replicas,
         )
-    except ConfigError as e:
+    except (ConfigError, InvalidRequest) as e:
         print(f"vela2 http: {e}", file=sys.stderr)
         return 2
     return 0

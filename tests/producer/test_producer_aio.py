@@ -216,3 +216,10 @@ def test_a_busy_pool_delays_the_poller_and_fails_no_waiter():
 
     got = asyncio.run(main())
     assert got["answer"]["id"] == "b-1" and got["calls"] >= 4
+
+
+def test_wait_replicas_is_checked_like_the_clients(redis_url):
+    with pytest.raises(InvalidRequest, match="wait_replicas must be a whole number, 0 or more; got -2"):
+        AsyncClient(redis_url, wait_replicas=-2)
+    with pytest.raises(InvalidRequest, match="the broker is RabbitMQ"):
+        AsyncClient(redis_url, broker_url="amqp://guest:guest@127.0.0.1:1//", wait_replicas=2)

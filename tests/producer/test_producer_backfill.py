@@ -368,6 +368,22 @@ def test_a_deadline_out_of_bounds_exits_2_before_anything_is_queued(tmp_path, ca
     assert not out.exists() or out.read_text() == ""
 
 
+@pytest.mark.parametrize(("args", "why"), [
+    (["--wait-replicas", "-1"], "wait_replicas must be a whole number, 0 or more; got -1"),
+    (["--broker", "amqp://guest:guest@127.0.0.1:1//", "--wait-replicas", "2"],
+     "wait_replicas 2 counts replicas of a Redis broker; the broker is RabbitMQ"),
+])
+def test_wait_replicas_it_cannot_honour_exits_2_before_anything_is_queued(tmp_path, capsys, args, why):
+    from producer.backfill import main
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    row = {"id": "a", "task": "choice:x", "text": "t", "questions": [{"options": ["a", "b"]}]}
+    inp.write_text(json.dumps(row) + "\n")
+    assert main([str(inp), str(out), "--redis", "redis://127.0.0.1:1/0", *args]) == 2
+    assert why in capsys.readouterr().err
+    assert not out.exists() or out.read_text() == ""
+
+
 def test_a_row_whose_id_names_other_content_gets_an_id_conflict_line(tmp_path, redis_server, redis_url):
     """Never the other request's answer: an error line of type id_conflict; the same content under
     a stored id is recovered as before."""

@@ -351,3 +351,16 @@ def test_a_tenants_id_limit_and_names(redis):
     for bad in ("", "a/b", "-x", "a" * 65, "naïve"):
         with pytest.raises(InvalidRequest, match="a tenant name is 1-64 characters"):
             Client(model="vela2-demo", redis=redis, tenant=bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", True, None])
+def test_wait_replicas_out_of_range_is_refused_with_its_value(redis, bad):
+    with pytest.raises(InvalidRequest, match="wait_replicas must be a whole number, 0 or more; got"):
+        Client(model="vela2-demo", redis=redis, wait_replicas=bad)
+
+
+def test_wait_replicas_with_a_rabbitmq_broker_is_refused_before_connecting(redis):
+    # nothing listens on this port: the refusal comes before any connection is tried
+    with pytest.raises(InvalidRequest, match="wait_replicas 1 counts replicas of a Redis broker; the broker is Rabbit"):
+        Client(model="vela2-demo", redis=redis, broker_url="amqp://guest:guest@127.0.0.1:1//", wait_replicas=1)
+    assert Client(model="vela2-demo", redis=redis, wait_replicas=0).wait_replicas == 0

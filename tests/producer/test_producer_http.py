@@ -295,6 +295,8 @@ def test_api_keys_let_in_their_tenants_only_for_their_models(redis_url, redis_se
 @pytest.mark.parametrize(("args", "why"), [
     ([], "no API keys: give --api-keys-file F"),
     (["--no-auth", "--host", "0.0.0.0"], "--no-auth serves only on loopback"),
+    (["--no-auth", "--broker", "amqp://guest:guest@127.0.0.1:1//", "--wait-replicas", "1"],
+     "wait_replicas 1 counts replicas of a Redis broker; the broker is RabbitMQ"),
 ])
 def test_the_route_refuses_to_start_open_by_accident(redis_url, args, why):
     import subprocess
