@@ -53,7 +53,8 @@ class EngineSettings:
     attempts_ttl_s: int = setting(86_400, "TTL of a request's attempt counter (outlives many redeliveries)")
     wait_replicas: int = setting(0, "ack a message only once this many replicas of the result store's Redis hold "
                                     "its results (Redis WAIT; Sentinel: a failover then cannot lose an answer whose "
-                                    "message was acked); 0: the master's reply is enough")
+                                    "message was acked; at start the worker waits redis_wait_s for that many "
+                                    "replicas to be connected, else refuses to start); 0: the master's reply is enough")
 
 
 @dataclass(frozen=True)

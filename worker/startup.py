@@ -69,7 +69,7 @@ def preflight(settings: WorkerSettings) -> None:
     warn_if_password_in_argv(sys.argv[1:], log)
     settings.validate()
     settings.resolved_model_name()  # reads the checkpoint's config.json
-    check_redis(settings.redis_url, settings.redis_wait_s, "result store")
+    check_redis(settings.redis_url, settings.redis_wait_s, "result store", replicas=settings.engine.wait_replicas)
     if keys.is_amqp_url(settings.resolved_broker_url):
         check_amqp(settings.resolved_broker_url, settings.redis_wait_s)
     elif settings.resolved_broker_url != settings.redis_url:
@@ -103,10 +103,13 @@ def check_amqp(url: str, wait_s: float) -> None:
         time.sleep(0.3)
 
 
-def check_redis(url: str, wait_s: float, role: str = "result store") -> None:
+def check_redis(url: str, wait_s: float, role: str = "result store", replicas: int = 0) -> None:
     """PING the Redis that serves as `role` (named in every error, with its URL): wait up to `wait_s`
     for it to answer (it may start after the worker), but fail at once (after a few quick tries) when
-    it refuses the credentials, and when it is older than the queues need (vela2.wire.taking.MIN_REDIS_VERSION)."""
+    it refuses the credentials, and when it is older than the queues need (vela2.wire.taking.MIN_REDIS_VERSION).
+    `replicas` (settings.wait_replicas): also wait, within the same `wait_s`, until that many replicas
+    are connected to it, else fail: a worker that acks only once N replicas hold its results would
+    otherwise score, store and never ack."""
     import redis
 
     client = redis_client(url, socket_connect_timeout=2, socket_timeout=5)
@@ -125,7 +128,16 @@ def check_redis(url: str, wait_s: float, role: str = "result store") -> None:
                 problem = taking.version_problem(version)
                 if problem:
                     raise ConfigError(f"{problem} (at {mask_url(url)}, {role})")
-                return
+                have = _online_replicas(client) if replicas else 0
+                if have >= replicas:
+                    return
+                if time.monotonic() >= deadline:
+                    raise ConfigError(f"{where} has {have} replicas connected, and wait_replicas is {replicas}: "
+                                      f"none of its results could be acked (waited {wait_s:g} s, redis_wait_s)")
+                if time.monotonic() - last_log >= 10:
+                    last_log = time.monotonic()
+                    log.warning("waiting for %d replicas of the %s Redis at %s (wait_replicas): %d connected",
+                                replicas, role, mask_url(url), have)
             except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
                     redis.exceptions.NoPermissionError) as e:
                 auth_tries += 1
@@ -146,6 +158,19 @@ def check_redis(url: str, wait_s: float, role: str = "result store") -> None:
             time.sleep(0.3)
     finally:
         client.close()
+
+
+def _online_replicas(client: Any) -> int:
+    """How many replicas are connected to the Redis of `client` and online (INFO replication's
+    slaveN lines, `state=online`); 0 where INFO is refused."""
+    import redis
+
+    try:
+        info = client.info("replication")
+    except redis.exceptions.ResponseError:
+        return 0
+    return sum(1 for k, v in info.items()
+               if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
 
 
 def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None] | None = None) -> Engine:

@@ -59,3 +59,24 @@ def test_a_worker_started_while_redis_is_full_waits_and_then_answers(redis_serve
     assert worker.terminate() == 0 and "Redis accepts writes again" in worker.log()
     client.close()
     r.close()
+
+
+def test_wait_replicas_needs_that_many_replicas_connected_at_start(redis_server_factory):
+    """A worker that acks only once N replicas hold its results waits for them within redis_wait_s,
+    then refuses to start with a clear line instead of scoring, storing and never acking."""
+    import pytest
+
+    from vela2.errors import ConfigError
+    from worker.startup import check_redis
+
+    master = redis_server_factory()
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"has 0 replicas connected, and wait_replicas is 1: none of its results "
+                                          r"could be acked \(waited 0.5 s, redis_wait_s\)"):
+        check_redis(master.url(), 0.5, replicas=1)
+    assert time.monotonic() - t0 < 10
+    check_redis(master.url(), 0.5)  # no replicas asked for: the standalone master is fine
+    redis_server_factory(extra_args=["--replicaof", "127.0.0.1", str(master.port)])
+    check_redis(master.url(), 30, replicas=1)  # waits for the replica's sync, then passes
+    with pytest.raises(ConfigError, match="has 1 replicas connected, and wait_replicas is 2"):
+        check_redis(master.url(), 0.5, replicas=2)
