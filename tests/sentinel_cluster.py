@@ -46,7 +46,8 @@ def _poll(what: str, check: Any, timeout_s: float, interval_s: float = 0.1) -> A
 class Sentinel:
     """One `redis-server --sentinel` process monitoring MASTER_NAME."""
 
-    def __init__(self, workdir: Path, master_port: int, quorum: int, down_after_ms: int, failover_timeout_ms: int):
+    def __init__(self, workdir: Path, master_port: int, quorum: int, down_after_ms: int, failover_timeout_ms: int,
+                 password: str | None = None):
         found = find_redis_server()
         if found is None:
             raise RuntimeError("no redis-server (apt-get install redis-server)")
@@ -58,7 +59,10 @@ class Sentinel:
             f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {quorum}",
             f"sentinel down-after-milliseconds {MASTER_NAME} {down_after_ms}",
             f"sentinel failover-timeout {MASTER_NAME} {failover_timeout_ms}",
-            f"sentinel parallel-syncs {MASTER_NAME} 1"]
+            f"sentinel parallel-syncs {MASTER_NAME} 1",
+            # the sentinel's own password, which it also presents to the other sentinels
+            *([f"requirepass {password}", f"sentinel sentinel-pass {password}"] if password else [])]
+        self.password = password
         self.port = 0  # chosen at start, once the servers it monitors listen (free_port only finds a free one)
         self.proc: subprocess.Popen | None = None
 
@@ -69,13 +73,14 @@ class Sentinel:
         with open(self.workdir / "sentinel.log", "ab") as out:
             self.proc = subprocess.Popen([self.exe, str(self.conf), "--sentinel"], env=self._env, stdout=out,
                                          stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        wait_for_redis(f"redis://127.0.0.1:{self.port}", 20, self.proc)
+        wait_for_redis(f"redis://{f':{self.password}@' if self.password else ''}127.0.0.1:{self.port}", 20, self.proc)
         return self
 
     def client(self) -> Any:
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, decode_responses=True)
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=2,
+                           decode_responses=True)
 
     def master_addr(self) -> tuple[str, int] | None:
         with self.client() as c:
@@ -96,20 +101,23 @@ class SentinelCluster:
     """A master, a replica and `sentinels` sentinels (quorum: a majority of them) on loopback."""
 
     def __init__(self, workdir: Path, *, sentinels: int = 1, down_after_ms: int = 1000,
-                 failover_timeout_ms: int = 3000, redis_args: tuple[str, ...] = ("--repl-diskless-sync-delay", "0")):
+                 failover_timeout_ms: int = 3000, redis_args: tuple[str, ...] = ("--repl-diskless-sync-delay", "0"),
+                 sentinel_password: str | None = None):
         self.workdir = Path(workdir)
         self.master = RedisServer(self.workdir / "master", extra_args=redis_args)
         self.replica = RedisServer(self.workdir / "replica", extra_args=(
             *redis_args, "--replicaof", "127.0.0.1", str(self.master.port)))
         self.sentinels = [Sentinel(self.workdir / f"sentinel{i}", self.master.port, sentinels // 2 + 1,
-                                   down_after_ms, failover_timeout_ms) for i in range(sentinels)]
+                                   down_after_ms, failover_timeout_ms, sentinel_password) for i in range(sentinels)]
+        self.sentinel_password = sentinel_password
         self.servers = {self.master.port: self.master, self.replica.port: self.replica}
 
     def url(self, db: int = 0, password: str | None = None) -> str:
         """The sentinel:// URL naming every sentinel and the master (vela2.redis_url's form)."""
         auth = f":{password}@" if password else ""
         hosts = [f"sentinel://{auth}127.0.0.1:{s.port}/{db}" for s in self.sentinels]
-        return ";".join(hosts) + f"?master_name={MASTER_NAME}"
+        spw = f"&sentinel_password={self.sentinel_password}" if self.sentinel_password else ""
+        return ";".join(hosts) + f"?master_name={MASTER_NAME}{spw}"
 
     def start(self, timeout_s: float = 30.0) -> SentinelCluster:
         """Start everything; return once the replica is in sync and every sentinel sees the master,

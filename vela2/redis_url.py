@@ -9,7 +9,9 @@ warn when a password is given in argv. Standard library only (both sides import 
 A Redis Sentinel deployment is named by one URL too, kombu's form with the master's name in the
 query: `sentinel://[:PASSWORD@]host1:26379[/DB];sentinel://host2:26379?master_name=NAME` (one
 `sentinel://` segment per sentinel, joined by `;`; the password and the db are the master's, given in
-any one segment). `parse_sentinel_url` reads it; vela2.wire.connections turns any URL into a client.
+any one segment). Sentinels that require a password of their own (`requirepass` in sentinel.conf)
+take it as `&sentinel_password=PW` (masked wherever the URL is shown, like the master's).
+`parse_sentinel_url` reads it; vela2.wire.connections turns any URL into a client.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ ENV_REDIS_URL_FILE = "VELA2_REDIS_URL_FILE"
 ENV_BROKER_URL = "VELA2_BROKER_URL"
 SENTINEL_SCHEME = "sentinel"
 SENTINEL_MASTER_PARAM = "master_name"  # the query parameter naming the Sentinel master (kombu's option name)
+SENTINEL_PASSWORD_PARAM = "sentinel_password"  # the sentinels' own password (their requirepass), if they have one
 SENTINEL_DEFAULT_PORT = 26379
 RESULT_STORE_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 BROKER_SCHEMES = ("redis", "rediss", SENTINEL_SCHEME, *AMQP_SCHEMES)
@@ -84,7 +87,8 @@ def mask_url(url: str) -> str:
             userinfo, _, hostport = netloc.rpartition("@")
             user = userinfo.split(":", 1)[0]
             netloc = f"{user}:**@{hostport}"
-        query = "&".join(("password=**" if q.startswith("password=") else q) for q in parts.query.split("&"))
+        query = "&".join((q.split("=", 1)[0] + "=**" if q.split("=", 1)[0] in ("password", SENTINEL_PASSWORD_PARAM)
+                          else q) for q in parts.query.split("&"))
         return urlunsplit((parts.scheme, netloc, parts.path, query if parts.query else "", parts.fragment))
     except ValueError:  # not parseable as a URL: show none of it but its scheme
         return url.split(":", 1)[0] + "://***"
@@ -124,6 +128,12 @@ class SentinelUrl:
     db: int = 0
     username: str | None = None  # the master's (and its replicas') ACL user and password
     password: str | None = field(default=None, repr=False)
+    sentinel_password: str | None = field(default=None, repr=False)  # the sentinels' own requirepass
+
+    def sentinel_kwargs(self) -> dict[str, str]:
+        """Connection options for the sentinels themselves (redis-py's / kombu's / Celery's
+        `sentinel_kwargs`): their password, when they have one."""
+        return {"password": self.sentinel_password} if self.sentinel_password else {}
 
     def kombu_url(self) -> str:
         """The URL as kombu's and Celery's Redis Sentinel transport / backend take it (no query: the
@@ -138,7 +148,8 @@ def parse_sentinel_url(url: str, what: str = "Redis") -> SentinelUrl:
     or two different passwords / dbs / masters."""
     shown = mask_url(url)
     sentinels: list[tuple[str, int]] = []
-    found: dict[str, set[str]] = {"master_name": set(), "db": set(), "password": set(), "username": set()}
+    found: dict[str, set[str]] = {"master_name": set(), "db": set(), "password": set(), "username": set(),
+                                  SENTINEL_PASSWORD_PARAM: set()}
     for segment in url.split(";"):
         if not segment.strip():
             continue
@@ -155,6 +166,8 @@ def parse_sentinel_url(url: str, what: str = "Redis") -> SentinelUrl:
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         if query.get(SENTINEL_MASTER_PARAM):
             found["master_name"].add(query[SENTINEL_MASTER_PARAM])
+        if query.get(SENTINEL_PASSWORD_PARAM):
+            found[SENTINEL_PASSWORD_PARAM].add(query[SENTINEL_PASSWORD_PARAM])
         if parts.password or query.get("password"):
             found["password"].add(unquote(parts.password or "") or query["password"])
         if parts.username:
@@ -173,7 +186,8 @@ def parse_sentinel_url(url: str, what: str = "Redis") -> SentinelUrl:
     if not db.isdigit():
         raise ConfigError(f"the {what} URL {shown!r} has db {db!r}; expected a number")
     return SentinelUrl(tuple(sentinels), found["master_name"].pop(), int(db),
-                       next(iter(found["username"]), None) or None, next(iter(found["password"]), None))
+                       next(iter(found["username"]), None) or None, next(iter(found["password"]), None),
+                       next(iter(found[SENTINEL_PASSWORD_PARAM]), None))
 
 
 _warned: set[tuple[str, ...]] = set()

@@ -156,7 +156,8 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     elif broker_sentinel:
         app.conf.broker_transport = "worker.broker:SentinelTransport"
     if store_sentinel:
-        app.conf.result_backend_transport_options = {"master_name": store_sentinel.master_name}
+        app.conf.result_backend_transport_options = {"master_name": store_sentinel.master_name,
+                                                      "sentinel_kwargs": store_sentinel.sentinel_kwargs()}
     if amqp:  # every delivery triaged before Celery dispatches it, as the Redis channel does its items
         app.conf.worker_consumer = "worker.amqp:TriagingConsumer"
     # RabbitMQ: durable quorum queues (Celery then sets a per-consumer prefetch, the only kind quorum
@@ -177,7 +178,8 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
         worker_prefetch_multiplier=prefetch,
         broker_transport_options={} if amqp else {
             **settings.transport_options(),
-            **({"master_name": broker_sentinel.master_name} if broker_sentinel else {})},
+            **({"master_name": broker_sentinel.master_name, "sentinel_kwargs": broker_sentinel.sentinel_kwargs()}
+               if broker_sentinel else {})},
         broker_connection_retry_on_startup=True,
         result_expires=settings.result_expires_s,
         worker_send_task_events=bool(settings.task_events),

@@ -27,7 +27,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from vela2 import checkpoint
 from vela2.errors import ConfigError, Vela2Error
-from vela2.redis_url import mask_url, warn_if_password_in_argv
+from vela2.redis_url import SENTINEL_PASSWORD_PARAM, mask_url, warn_if_password_in_argv
 from vela2.wire import fleet, keys, taking, tracing
 from vela2.wire.connections import redis_client
 from vela2.wire.results import ResultStore
@@ -111,6 +111,7 @@ def check_redis(url: str, wait_s: float, role: str = "result store", replicas: i
     are connected to it, else fail: a worker that acks only once N replicas hold its results would
     otherwise score, store and never ack."""
     import redis
+    from redis.sentinel import MasterNotFoundError
 
     client = redis_client(url, socket_connect_timeout=2, socket_timeout=5)
     deadline = time.monotonic() + wait_s
@@ -149,10 +150,17 @@ def check_redis(url: str, wait_s: float, role: str = "result store", replicas: i
                 raise ConfigError(f"{where} answers PING with an error: {e}") from None
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                     redis.exceptions.BusyLoadingError) as e:
-                if time.monotonic() >= deadline:
+                # sentinel://: no sentinel named the master, because they want a password (of their own)
+                if isinstance(e, MasterNotFoundError) and any(
+                        mark in str(e) for mark in ("AuthenticationError", "NOAUTH", "WRONGPASS")):
+                    auth_tries += 1
+                    if auth_tries >= _AUTH_TRIES:
+                        raise ConfigError(f"{where}: the sentinels refuse the credentials (a password of "
+                                          f"their own goes in the URL as &{SENTINEL_PASSWORD_PARAM}=PW)") from None
+                elif time.monotonic() >= deadline:
                     raise ConfigError(f"{where} did not answer within {wait_s:g} s "
                                       f"(redis_wait_s): {e}") from None
-                if time.monotonic() - last_log >= 10:
+                elif time.monotonic() - last_log >= 10:
                     last_log = time.monotonic()
                     log.warning("waiting for the %s Redis at %s: %s", role, mask_url(url), e)
             time.sleep(0.3)

@@ -152,6 +152,20 @@ def test_a_sentinel_url_is_read_masked_and_checked():
     assert check_url(SENTINEL, "broker", BROKER_SCHEMES) == SENTINEL
     assert check_url(SENTINEL, "result store", RESULT_STORE_SCHEMES) == SENTINEL
     assert parse_sentinel_url("sentinel://h?master_name=m").sentinels == (("h", 26379),)  # the default port
+    assert s.sentinel_password is None and s.sentinel_kwargs() == {}
+
+
+def test_the_sentinels_own_password_is_read_and_masked():
+    url = "sentinel://:m4ster@h1:26379;sentinel://h2?master_name=main&sentinel_password=s3ntinel"
+    s = parse_sentinel_url(url)
+    assert (s.password, s.sentinel_password, s.master_name) == ("m4ster", "s3ntinel", "main")
+    assert s.sentinel_kwargs() == {"password": "s3ntinel"} and "s3ntinel" not in repr(s)
+    assert "s3ntinel" not in s.kombu_url()  # kombu takes it in the sentinel_kwargs transport option
+    shown = mask_url(url)
+    assert shown == "sentinel://:**@h1:26379;sentinel://h2?master_name=main&sentinel_password=**"
+    assert has_password("sentinel://h1?master_name=m&sentinel_password=x")
+    with pytest.raises(ConfigError, match="gives 2 different sentinel_password values"):
+        parse_sentinel_url("sentinel://h1?master_name=m&sentinel_password=a;sentinel://h2?sentinel_password=b")
 
 
 @pytest.mark.parametrize(("url", "problem"), [

@@ -41,9 +41,12 @@ def test_the_worker_app_takes_sentinel_urls_for_broker_and_backend(demo_dir):
     assert app.conf.broker_transport == "worker.broker:SentinelTransport"
     assert app.conf.broker_transport_options["master_name"] == "main"
     assert app.conf.broker_transport_options["queue_order_strategy"] == "priority"  # the Redis options kept
-    assert app.conf.result_backend_transport_options == {"master_name": "main"}
+    assert app.conf.result_backend_transport_options == {"master_name": "main", "sentinel_kwargs": {}}
     assert app.conf.broker_url == "sentinel://:s3cret@10.0.0.1:26379/2;sentinel://:s3cret@10.0.0.2:26379/2"
     assert "s3cret" not in app.backend.as_uri()
+    guarded = create_app(WorkerSettings(redis_url=url + "&sentinel_password=s3ntinel", checkpoint=str(demo_dir)))
+    assert guarded.conf.broker_transport_options["sentinel_kwargs"] == {"password": "s3ntinel"}
+    assert guarded.conf.result_backend_transport_options["sentinel_kwargs"] == {"password": "s3ntinel"}
 
 
 def test_bad_and_unreachable_sentinel_urls_end_the_worker_with_one_line(redis_server, demo_dir):
@@ -79,6 +82,29 @@ def test_a_worker_and_a_client_meet_through_sentinel(sentinel_cluster_factory, s
     assert master.exists("_kombu.binding." + queue_name(MODEL)) and master.hlen("unacked") == 0
     assert w.terminate() == 0
     client.close()
+
+
+def test_sentinels_with_a_password_of_their_own(sentinel_cluster_factory, start_worker, demo_dir):
+    """Sentinels with requirepass: the URL's sentinel_password reaches every side (worker: kombu's
+    transport, the result store, start-up checks; Client); without it the worker ends with one line,
+    the password masked."""
+    cluster = sentinel_cluster_factory(sentinels=1, sentinel_password="s3ntinel")
+    url = cluster.url()
+    assert "sentinel_password=s3ntinel" in url
+    w = start_worker(url, broker_url=url).wait_ready()
+    client = Client(url, model=MODEL, broker_url=url)
+    ids = client.submit_many([{**ROW, "id": f"pw-{i}"} for i in range(3)])
+    got = client.results_many(ids, timeout_s=60)
+    assert all(r is not None and r.status == "ok" for r in got.values()), got
+    assert w.terminate() == 0
+    client.close()
+    bare = url.replace("&sentinel_password=s3ntinel", "")
+    for given, shown in ((bare, ""), (url.replace("s3ntinel", "wrong"), "&sentinel_password=**")):
+        refused = run_cli("--checkpoint", str(demo_dir), "--redis", given, "--redis-wait-s", "30")
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr and "wrong" not in refused.stderr
+        assert refused.stderr.strip().splitlines()[-1] == (
+            f"vela2 worker: Redis at {bare.split('?')[0]}?master_name=vela2{shown} (result store): the sentinels "
+            "refuse the credentials (a password of their own goes in the URL as &sentinel_password=PW)")
 
 
 # --- failovers during a run -------------------------------------------------------------------------

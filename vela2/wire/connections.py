@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from vela2.redis_url import is_sentinel_url, parse_sentinel_url
+from vela2.redis_url import SentinelUrl, is_sentinel_url, parse_sentinel_url
 
 SENTINEL_TIMEOUT_S = 2.0  # a sentinel that does not answer within this is skipped for the next one
 
 
-def _sentinel_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
-    """Socket options for the connections to the sentinels themselves: the caller's, bounded."""
+def _sentinel_kwargs(kw: dict[str, Any], s: SentinelUrl) -> dict[str, Any]:
+    """Options for the connections to the sentinels themselves: the caller's socket timeouts, bounded,
+    and the sentinels' own password when the URL gives one (`sentinel_password`)."""
     return {"socket_timeout": min(kw.get("socket_timeout") or SENTINEL_TIMEOUT_S, SENTINEL_TIMEOUT_S),
             "socket_connect_timeout": min(kw.get("socket_connect_timeout") or SENTINEL_TIMEOUT_S,
-                                          SENTINEL_TIMEOUT_S)}
+                                          SENTINEL_TIMEOUT_S), **s.sentinel_kwargs()}
 
 
 def redis_client(url: str, **kw: Any) -> Any:
@@ -35,7 +36,7 @@ def redis_client(url: str, **kw: Any) -> Any:
     from redis.sentinel import Sentinel
 
     s = parse_sentinel_url(url)
-    sentinel = Sentinel(list(s.sentinels), sentinel_kwargs=_sentinel_kwargs(kw))
+    sentinel = Sentinel(list(s.sentinels), sentinel_kwargs=_sentinel_kwargs(kw, s))
     return sentinel.master_for(s.master_name, db=s.db, username=s.username, password=s.password, **kw)
 
 
@@ -48,7 +49,7 @@ def async_redis_client(url: str, **kw: Any) -> Any:
     from redis.asyncio.sentinel import Sentinel
 
     s = parse_sentinel_url(url)
-    sentinel = Sentinel(list(s.sentinels), sentinel_kwargs=_sentinel_kwargs(kw))
+    sentinel = Sentinel(list(s.sentinels), sentinel_kwargs=_sentinel_kwargs(kw, s))
     return sentinel.master_for(s.master_name, db=s.db, username=s.username, password=s.password, **kw)
 
 
@@ -66,6 +67,6 @@ def redis_pool(url: str, pool_class: Any, **kw: Any) -> Any:
     else:
         from redis.sentinel import Sentinel, SentinelConnectionPool  # type: ignore[assignment]
     s = parse_sentinel_url(url)
-    sentinel = Sentinel(list(s.sentinels), sentinel_kwargs=_sentinel_kwargs(kw))
+    sentinel = Sentinel(list(s.sentinels), sentinel_kwargs=_sentinel_kwargs(kw, s))
     mixed = type(f"Sentinel{pool_class.__name__}", (SentinelConnectionPool, pool_class), {})
     return mixed(s.master_name, sentinel, db=s.db, username=s.username, password=s.password, **kw)
