@@ -9,9 +9,9 @@ For each shape (random weights in the layout of bench.gpu_engine: qwen2, window 
 (`short1`: short online rows of 5-60 words, one per message; `short16`: the same rows, 16 per
 message; `mix`: the seed-like mix of bench.workload, 8 rows per message), measured in this order:
 
-device_rows_per_s  vela2.pipeline.run_batch alone over the workload's sequences, rendered beforehand
-                   (untimed) and packed as predict() packs them: what the device (and the host work of
-                   collating a batch) can do.
+device_rows_per_s  vela2.pipeline.run_ahead alone over the workload's sequences, rendered beforehand
+                   (untimed) and packed as predict() packs them, one batch in flight: what the device
+                   can do with the host's collating of the next batch hidden behind it.
 predict_rows_per_s vela2.predict over the rows in this process (render + pack + forward + decode).
 queue_rows_per_s   the rows submitted at once to the online queue (Client.submit_many, chunk_size rows
                    per message) and served by one fresh worker process on the same device; first submit
@@ -77,19 +77,24 @@ def _sync(model: Any) -> None:
 
 
 def device_alone(model: Any, rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    """run_batch over pre-rendered sequences, packed as predict() packs them (after one untimed pass)."""
+    """run_ahead over pre-rendered sequences, packed as predict() packs them (after one untimed pass):
+    one batch in flight, as predict() and the worker's device loop run them, so the baseline is the
+    device's best with the host work of the next batch hidden."""
     from vela2.packing import pack
-    from vela2.pipeline import prepare, run_batch
+    from vela2.pipeline import prepare, run_ahead, run_batch
 
     seqs = [s for r in rows for s in prepare(model, r).sequences]
     batches = pack([s.num_tokens for s in seqs], args.max_batch_tokens, args.row_tokens or None)
-    for b in batches:  # warm-up: one untimed pass, so every batch shape has been seen once (the first
-        # pass over new shapes ran 10-20% slower and made the first workload's ratio look better)
-        run_batch(model, [seqs[k] for k in b], args.precision, args.row_tokens or None)
+
+    def one_pass() -> None:
+        for _ in run_ahead(model, ([seqs[k] for k in b] for b in batches), args.precision, args.row_tokens or None):
+            pass
+
+    one_pass()  # warm-up: every batch shape seen once (the first pass over new shapes ran 10-20% slower
+    # and made the first workload's ratio look better)
     _sync(model)
     t0 = _now()
-    for b in batches:
-        run_batch(model, [seqs[k] for k in b], args.precision, args.row_tokens or None)
+    one_pass()
     _sync(model)
     seconds = _now() - t0
     one = batches[len(batches) // 2]  # a full batch
