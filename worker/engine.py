@@ -51,7 +51,7 @@ from vela2.errors import ModelError, PoisonRequest, StorageError, Vela2Error
 from vela2.packing import pack
 from vela2.schemas import RowResult, Status, cancelled_result, error_result, expired_result, guess_id_task
 from vela2.wire import keys, messages
-from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, ADMIT_RUN, CANCELLED_MESSAGE
+from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, ADMIT_RUN, CANCELLED_MESSAGE, LINE_SEP
 from vela2.wire.messages import request_digest
 from vela2.wire.results import ResultStore, chunk_meta, dead_letter_entry, row_meta
 from worker import retry as retry_errors
@@ -410,8 +410,9 @@ class Engine:
         if ran:
             # The device has room: its next batch goes first, then this batch's rows to decoding
             # (shipping a long row's span logits to a decode process took ~0.1 s while the device
-            # idled). Suspects wait for the loop: they run once everything counted is stored.
-            if not self._quarantine:
+            # idled). Suspects wait for the loop: they run once everything counted is stored; the
+            # halves of a batch that raised are counted rows, so they go now all the same.
+            if not self._quarantine or self._retry:
                 self._maybe_run_batch()
             c0 = time.thread_time()
             self._finish_done(ran)
@@ -454,8 +455,18 @@ class Engine:
 
     def _admit(self, opened: list[_Request]) -> None:
         """Duplicate and cancel check (one round trip), then render each new request (messages
-        opened whole)."""
-        fresh = [r for r in opened if not self._follows(r)]
+        opened whole). Copies of one id opened together (a producer retry taken in the same turn)
+        are checked once: the later ones wait on the first, as a duplicate in flight does."""
+        firsts: dict[str, _Request] = {}
+        copies: list[_Request] = []
+        for r in opened:
+            if self._follows(r):
+                continue
+            if r.rid in firsts:  # two requests counted under one id would make the second a suspect
+                copies.append(r)
+            else:
+                firsts[r.rid] = r
+        fresh = list(firsts.values())
         if not fresh:
             return
         try:
@@ -483,7 +494,11 @@ class Engine:
                 fut.add_done_callback(partial(self._post, "prepared", req))
         if self.cpu is not None:
             self.cpu.flush()
-        for msg in {r.msg for r in fresh}:
+        for req in copies:
+            req.closed = True
+            if not self._follows(req):  # its first was answered already: a duplicate now
+                self._duplicate(req.msg, req.rid)
+        for msg in {r.msg for r in fresh + copies}:
             self._maybe_finalize(msg)
 
     def _follows(self, req: _Request) -> bool:
@@ -542,8 +557,12 @@ class Engine:
         return [_Request(rid, obj, msg, d.received, got.expires) for rid, obj in got.requests]
 
     def _refuse(self, msg: _Message, ids: list[str], e: Vela2Error, raw: bytes) -> None:
-        """Answer a message that cannot run: its error under each usable id, else a dead letter."""
+        """Answer a message that cannot run: its error under each usable id, else a dead letter. A
+        bulk job's chunk refused whole (over max_message_bytes) counts its rows' errors on the job,
+        else the job never ends: the job is its header's, checked against the ids its body names."""
         log.warning("message %s refused: %s", msg.id, e)
+        rows = [rid for rid in ids if rid != msg.id] or ids  # a chunk's own id is no line of its job
+        msg.job = messages.message_job(msg.delivery.headers, rows) if ids else None
         if not ids:
             self._dead(msg, dead_letter_entry(str(e), message_id=msg.id, item=raw))
         for rid in ids:
@@ -629,11 +648,13 @@ class Engine:
 
     def _maybe_run_batch(self) -> bool:
         """Hand the device its next batch when it has room (worker.device): a half of a batch that
-        raised, else the most urgent ready batch. Suspects run alone, synchronously, once nothing
-        else runs (worker.attempts)."""
+        raised, else the most urgent ready batch. Suspects run alone, synchronously, once no half
+        is left and nothing else runs (worker.attempts)."""
         if len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and (self._quarantine or self._retry)):
             return False  # suspects and the halves of a batch that raised wait for a free device
-        if self._quarantine:
+        # The halves go before the suspects: their rows are counted, and a suspect waits until every
+        # counted row is stored (`_run_quarantine`), so halves left waiting behind it wedged the worker.
+        if self._quarantine and not self._retry:
             return self._run_quarantine()
         c0 = time.thread_time()
         if self._retry:
@@ -936,7 +957,7 @@ class Engine:
         dead, self._to_dead = self._to_dead, []
         try:
             outcomes = (self.store.store([(rid, meta) for _, rid, meta, _ in items],
-                                         jobs=[msg.job for msg, _, _, _ in items]) if items else [])
+                                         jobs=[_job_of(msg, rid) for msg, rid, _, _ in items]) if items else [])
             if dead:
                 self.store.redis.lpush(self._dead_key, *[entry for _, _, entry in dead])
         except Exception as e:
@@ -1114,6 +1135,13 @@ def _checked(items: list[_Seq], outs: list[Any]) -> list[Any]:
     if len(outs) != len(items):
         raise RuntimeError(f"run_batch returned {len(outs)} outputs for {len(items)} sequences")
     return outs
+
+
+def _job_of(msg: _Message, rid: str) -> str | None:
+    """The job the result `rid` of `msg` is counted on: the message's, for that job's lines only (a
+    chunk refused whole is answered under its own id too, and that error is no line of the job)."""
+    job = msg.job
+    return job if job is not None and rid.startswith(job + LINE_SEP) else None
 
 
 def _task_of(req: _Request) -> str | None:

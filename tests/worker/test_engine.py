@@ -18,7 +18,7 @@ import pytest
 from vela2.calibration import Calibration
 from vela2.schemas import Answer, RowResult, Status, parse_row
 from vela2.wire.jobs import JOB_FIELDS, parse_job, request_wire_id
-from vela2.wire.keys import cancel_key, job_key, result_key
+from vela2.wire.keys import attempts_key, cancel_key, job_key, result_key
 from vela2.wire.messages import build_message
 from vela2.wire.results import ResultStore, read_results, row_meta
 from worker.engine import Delivery, Engine, EngineSettings
@@ -130,12 +130,15 @@ def redis():
     r.flushall()
 
 
-def make_engine(redis, pipeline=None, **kw) -> tuple[Engine, FakePipeline, Broker]:
+def make_engine(redis, pipeline=None, *, start=True, **kw) -> tuple[Engine, FakePipeline, Broker]:
+    """An engine on a fake pipeline; start=False: not started yet (deliveries submitted before
+    engine.start() are all taken in its first turn, one intake)."""
     pipeline = pipeline or FakePipeline()
     settings = EngineSettings(**{"max_batch_tokens": 1024, "max_wait_ms": 5.0, **kw})
     model = SimpleNamespace(name="fake", calibration=Calibration())
     engine = Engine(model, ResultStore(redis, ttl_s=600), settings, pipeline=pipeline)
-    engine.start()
+    if start:
+        engine.start()
     return engine, pipeline, Broker(redis)
 
 
@@ -734,3 +737,63 @@ def test_a_job_header_naming_another_job_moves_no_counter(redis):
     engine.stop(5)
     assert read_results(redis, ["not-of-the-job"])["not-of-the-job"].status == Status.ok
     assert redis.hget(job_key("batch_x"), "ok") == b"0"
+
+
+def test_two_copies_of_one_message_in_one_intake_run_once_and_make_no_suspect(redis):
+    engine, pipe, broker = make_engine(redis, start=False)
+    engine.submit(broker.delivery([row("twice")]))
+    engine.submit(broker.delivery([row("twice")]))  # a producer retry, taken in the same turn
+    engine.start()
+    broker.wait(2)
+    engine.stop(5)
+    assert broker.acked == ["twice", "twice"]
+    assert [b for b in pipe.batches if ("twice", 0) in b] == [[("twice", 0)]]  # scored once
+    assert engine.stats.duplicates == 1
+    assert engine.stats.retried_alone == 0  # its own copy is no earlier attempt that died
+    assert not redis.keys(attempts_key("*"))
+
+
+def test_a_batch_that_raises_while_a_suspect_waits_is_split_and_every_row_answered(redis):
+    """The halves of a batch that raised run although a suspect waits in quarantine (they once waited
+    for it, and it for them: nothing was answered again); then the suspect runs alone."""
+    redis.set(attempts_key("suspect"), 1)  # an earlier attempt died with its worker
+    pipe = FakePipeline(fail_ids={"bad"})  # a batch holding "bad" raises (CUDA OOM)
+    engine, _, broker = make_engine(redis, pipe, start=False, max_wait_ms=50.0)
+    ids = ["suspect", "bad", "good1", "good2"]
+    for rid in ids:
+        engine.submit(broker.delivery([row(rid)]))
+    engine.start()
+    broker.wait(len(ids), timeout_s=10)
+    engine.submit(broker.delivery([row("later")]))  # the worker still serves
+    broker.wait(len(ids) + 1, timeout_s=10)
+    engine.stop(5)
+    res = read_results(redis, [*ids, "later"])
+    assert res["bad"].status == Status.error and res["bad"].error.type == "model_error"
+    assert all(res[i].status == Status.ok for i in ("suspect", "good1", "good2", "later"))
+    assert len(pipe.batches[0]) == 3 and [("bad", 0)] in pipe.batches  # split down to the failing one
+    alone = pipe.batches.index([("suspect", 0)])
+    assert all(("suspect", 0) not in b for b in pipe.batches[:alone])  # it never shared a batch
+    others = [i for i, b in enumerate(pipe.batches) if {"bad", "good1", "good2"} & {s for s, _ in b}]
+    assert max(others) < alone  # every counted row first, then the suspect alone
+    assert engine.stats.retried_alone == 1
+    assert not redis.keys(attempts_key("*"))
+
+
+def test_a_job_chunk_refused_whole_counts_its_rows_errors_and_the_job_ends(redis):
+    engine, pipe, broker = make_engine(redis, max_message_bytes=2000)
+    job = "batch_r"
+    redis.hset(job_key(job), mapping={"id": job, "model": "m", "input": "done", "total": 3, "ok": 0, "error": 0,
+                                      "expired": 0, "cancelled": 0})
+    ids = [request_wire_id(job, i) for i in range(3)]
+    big = broker.delivery([row(ids[0], words=400), row(ids[1])], chunk=True, headers={"vela2_job": job})
+    engine.submit(big)  # over max_message_bytes: refused whole, each row answered limit_exceeded
+    engine.submit(broker.delivery([row(ids[2])], chunk=True, headers={"vela2_job": job}))
+    broker.wait(2)
+    engine.stop(5)
+    got = read_results(redis, ids)
+    assert [got[i].error.type for i in ids[:2]] == ["limit_exceeded"] * 2 and got[ids[2]].status == Status.ok
+    assert read_results(redis, [big.message_id])[big.message_id].status == Status.error  # its own id too
+    info = parse_job(redis.hmget(job_key(job), JOB_FIELDS), time.time())
+    # the rows are counted, the chunk's own id (no line of the job) is not
+    assert info.status == "completed" and info.counts == {"queued": 0, "ok": 1, "error": 2, "expired": 0,
+                                                          "cancelled": 0}
