@@ -59,6 +59,10 @@ class Calibration:
     default_questions: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_QUESTIONS))
     version: int = 1
 
+    def __post_init__(self) -> None:
+        # a checkpoint may override some default question texts only: the others keep theirs
+        self.default_questions = {**DEFAULT_QUESTIONS, **self.default_questions}
+
     # --- lookups -------------------------------------------------------------------------------
     def temperature(self, task: str) -> float:
         """T of a choice / score task: the task's own if fitted, else its type's, else 1."""
@@ -84,7 +88,7 @@ class Calibration:
         return self.span_overlap.get(task, "flat" if self.is_pii(task) else "nested")
 
     def question_text(self, kind: str) -> str:
-        return self.default_questions.get(kind, DEFAULT_QUESTIONS[kind])
+        return self.default_questions[kind]
 
     # --- I/O -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -98,6 +102,11 @@ class Calibration:
         unknown = set(d) - known
         if unknown:
             raise CheckpointError(f"calibration.json has unknown keys: {sorted(unknown)}")
+        questions = d.get("default_questions", {})
+        if not isinstance(questions, dict) or not all(isinstance(v, str) and v.strip() for v in questions.values()):
+            raise CheckpointError(
+                f"calibration.json: default_questions must map kinds to question texts; got {questions!r}"
+            )
         cal = cls(**d, pii=pii)
         for name, t in [*cal.temperatures.items(), ("T_set", cal.T_set), ("T_span", cal.T_span)]:
             if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):

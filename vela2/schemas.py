@@ -372,7 +372,10 @@ def cancelled_result(request_id: str, task: str | None, message: str) -> RowResu
 def guess_id_task(obj: Any) -> tuple[str, str | None]:
     """Best-effort id and task of a request that failed validation, for its error result: the id as
     sent (cut at LIMITS.max_id_chars; characters UTF-8 cannot encode written as backslash escapes, so
-    the error result is always valid JSON), else the content id."""
+    the error result is always valid JSON), else the content id. A pydantic request (a Row built in
+    Python) is read as its JSON."""
+    if isinstance(obj, BaseModel):
+        obj = obj.model_dump(mode="json", exclude_none=True)
     if isinstance(obj, dict):
         rid = obj.get("id")
         task = obj.get("task")

@@ -254,3 +254,16 @@ def test_span_probs_use_t_span_and_threshold(calibrated):
     assert ans.units.offsets == [(0, 3), (4, 7), (8, 11), (12, 15), (16, 21)]
     assert ans.units.probs["person"][4] == pytest.approx(0.5, abs=1e-3) and ans.units.probs["person"][4] < 0.5
     assert ans.gate_fired is None  # not a PII task
+
+
+def test_a_calibration_json_overriding_some_question_texts_keeps_the_others(tmp_path):
+    """Found by review: overriding only "classify" made every row without a question raise KeyError."""
+    (tmp_path / "calibration.json").write_text(json.dumps({"default_questions": {"classify": "Which labels?"}}))
+    cal = Calibration.read(tmp_path)
+    assert cal.default_questions == {**DEFAULT_QUESTIONS, "classify": "Which labels?"}
+    assert cal.question_text("choice") == DEFAULT_QUESTIONS["choice"]
+    assert cal.question_text("classify") == "Which labels?"
+    for bad in ({"choice": ""}, {"choice": 3}, ["choice"]):
+        (tmp_path / "calibration.json").write_text(json.dumps({"default_questions": bad}))
+        with pytest.raises(CheckpointError, match="default_questions must map kinds to question texts"):
+            Calibration.read(tmp_path)

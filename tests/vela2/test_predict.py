@@ -323,6 +323,17 @@ def test_bad_rows_get_errors_and_the_rest_still_run(demo_model):
     assert not problems
 
 
+def test_a_row_object_that_fails_to_render_keeps_its_id_and_task(demo_model):
+    """Found by review: a pydantic Row (not a dict) refused at rendering came back under a content id."""
+    from vela2.schemas import parse_row
+
+    row = parse_row({**GOOD, "id": "my-row-1", "questions": [{"question": "ab " * 1300, "options": ["a", "b"]}]})
+    as_row, as_dict = vela2.predict(demo_model, [row, row.model_dump(mode="json", exclude_none=True)], precision="fp32")
+    assert as_row.status == "error" and as_row.error.type == "limit_exceeded"
+    assert as_row.to_json_dict() == as_dict.to_json_dict()
+    assert (as_row.id, as_row.task) == ("my-row-1", GOOD["task"])
+
+
 # --- long texts ----------------------------------------------------------------------------------
 
 

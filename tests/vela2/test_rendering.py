@@ -269,6 +269,30 @@ def test_split_words_examples():
     assert split_words("   ").shape == (0, 2)
 
 
+def test_split_words_keeps_combining_marks_in_their_word():
+    """Found by review: `re`'s \\w leaves out combining marks, so a decomposed "Müller" or any
+    Devanagari word fell apart and a span could end inside a letter."""
+    cases = {
+        "Irene Mu\u0308ller": ["Irene", "Mu\u0308ller"],
+        "Rosa Garci\u0301a": ["Rosa", "Garci\u0301a"],
+        "Davis\u0303 x": ["Davis\u0303", "x"],  # no precomposed letter exists
+        "नमस्ते दुनिया": ["नमस्ते", "दुनिया"],
+        "co\u0301-op_e\u0301": ["co\u0301-op_e\u0301"],
+        "\u0301abc": ["\u0301", "abc"],  # a mark with no letter before it is a word of its own
+        "か\u3099き": ["か", "\u3099", "き"],  # unspaced scripts: still one character per word
+    }
+    for text, words in cases.items():
+        assert [text[s:e] for s, e in split_words(text).tolist()] == words, text
+    assert len(split_words("e\u0301" * 100)) == 2  # 64 letters a word, each with its mark
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=300))
+def test_ascii_text_splits_as_the_general_pattern_does(text):
+    """split_words takes a faster pattern for ASCII text (no marks there): the same words."""
+    assert split_words(text).tolist() == [list(m.span()) for m in WORD_RE.finditer(text)]
+
+
 def test_split_words_bounds_word_length():
     # unspaced scripts: one character per word; long runs: words of at most 64 characters
     text = "日本語のテキスト " + "x" * 150 + " " + "-".join(["ab"] * 12)
