@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -44,6 +45,7 @@ from producer.client import (
     plan_submit,
     prepare_many,
     prepare_request,
+    pushed_anyway,
     read_claims,
     result_expired_error,
     unanswered,
@@ -65,6 +67,8 @@ from vela2.wire.results import (
 
 POLL_MIN_S = 0.005  # first pause after a poll that found nothing
 POLL_MAX_S = 0.1  # longest pause while waiting (the latency added to a late result)
+
+log = logging.getLogger(__name__)
 
 
 class _Expired:
@@ -272,8 +276,19 @@ class AsyncClient:
                 await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])
             raise conflict_error([self.scope.caller(w) for w in claims.conflicts])
         todo = plan_submit(items, claims, messages, queue, chunk_size, expires)
-        if todo:
+        if not todo:
+            return
+        try:
             await self._push(todo)
+        except BaseException as exc:
+            if not pushed_anyway(exc) and claims.marked:
+                # nothing queued: take the markers back (see producer.Client._submit)
+                try:
+                    await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])
+                except Exception as gone:  # noqa: BLE001 - the push's error is the one to raise
+                    log.warning("could not take back %d submitted marker(s) after a failed push: %s",
+                                len(claims.marked), gone)
+            raise
 
     async def submit(
         self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True

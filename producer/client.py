@@ -32,8 +32,9 @@ No celery, no torch.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -62,6 +63,8 @@ from vela2.wire.results import (
     state_keys,
     state_of,
 )
+
+log = logging.getLogger(__name__)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL = "vela2-demo"
@@ -177,7 +180,7 @@ def prepare_request(request: Any, model: str, *, validate: bool = True) -> tuple
             parsed = systemone.parse_request(obj)
             if parsed.model != model:
                 raise ModelMismatch(f"request names model {parsed.model!r}; this client submits to {model!r}")
-            check_words(systemone.render_input(parsed.input)[0])
+            check_words(systemone.render_checked(parsed.input)[0])
         else:
             check_words(parse_row(obj).text)
     return with_id(obj)
@@ -302,6 +305,23 @@ def conflict_error(ids: list[str]) -> IdConflict:
     )
 
 
+def pushed_anyway(exc: BaseException) -> bool:
+    """True when a failed push still queued its messages: NotReplicated (they are on the master, not yet
+    on enough replicas). Any other failure is taken as nothing queued (a Redis pipeline that broke, a
+    publish RabbitMQ did not confirm; a message that did get through is answered all the same)."""
+    return isinstance(exc, brokers.NotReplicated)
+
+
+def release_quietly(release: Callable[[list[str]], Any], ids: list[str]) -> Any:
+    """Call `release(ids)` after a failed push, never hiding the push's own error behind a second one
+    (the result store may be the Redis that just went away; the markers then expire on their TTL)."""
+    try:
+        return release(ids)
+    except Exception as exc:  # noqa: BLE001 - the push's error is the one the caller must see
+        log.warning("could not take back %d submitted marker(s) after a failed push: %s", len(ids), exc)
+        return None
+
+
 def plan_submit(items: list[tuple[str, Any]], claims: Claims, messages: list[Message], queue: str,
                 chunk_size: int, expires: datetime | None) -> list[Message]:
     """The messages to push once the claims are in: all of them, less the requests already answered."""
@@ -398,8 +418,15 @@ class Client:
             self.release(claims.marked)
             raise conflict_error([self.scope.caller(w) for w in claims.conflicts])
         todo = plan_submit(items, claims, messages, queue, chunk_size, expires)
-        if todo:
+        if not todo:
+            return
+        try:
             self._push(todo)
+        except BaseException as exc:
+            if not pushed_anyway(exc):
+                # nothing queued: a marker left behind would read "pending" for a day and hold the id
+                release_quietly(self.release, claims.marked)
+            raise
 
     def submit(
         self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True

@@ -22,7 +22,8 @@ Routes (OpenAPI at /openapi.json; no /docs page, whose scripts would come from a
   (``result_expires``: POST it again to score it anew); 404 when the id is unknown. A submission
   is recorded by a ``vela2:submitted:<id>`` marker that the worker turns into "answered" when it
   stores the result and that outlives the result, so an expired answer is never "pending" and
-  never an endless wait. One MGET per GET.
+  never an endless wait. One MGET per GET. ``GET /v1/results?id=<id>`` is the same for any id,
+  and the ``result_url`` of the ids ``.`` and ``..`` (clients resolve them as path segments).
 - ``POST /v1/batches?window_s=&metadata=key=value``: a bulk job (producer.jobs) from a JSONL body (rows,
   SystemOne requests or OpenAI-batch lines ``{"custom_id", "body"}``) of at most ``max_batch_bytes``
   (``--max-batch-bytes``, default 64 MiB): 201 with the job once its lines are registered and queued
@@ -96,12 +97,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, StringConstraints
+from starlette.convertors import Convertor, register_url_convertor
 
 from producer import jobs
 from producer.aio import AsyncClient, BoundedPool, Busy, SyncBoundedPool
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing, Refusal
 from producer.brokers import AmqpPublisher, NotReplicated, check_wait_replicas
-from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, result_expired_error
+from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, prepare_request, result_expired_error
 from producer.client import http_status as status_code
 from vela2 import __version__
 from vela2.config import LIMITS
@@ -231,6 +233,57 @@ async def read_body(request: Request, limit: int) -> bytes | LimitExceeded:
             return LimitExceeded(f"request body has over {limit:,} bytes (read {size:,}); limit {limit:,}")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class _AnyId(Convertor[str]):
+    """A path parameter holding any id: Starlette's "path" is ".*", which stops at a line break, and
+    its route's "$" matches before a final one, so /v1/results/k%0A read the answer of "k"."""
+
+    regex = "[\\s\\S]*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("any_id", _AnyId())
+
+DOT_SEGMENTS = (".", "..")  # ids a path cannot carry: clients resolve them before sending (RFC 3986)
+
+
+def result_url(request: Request, rid: str) -> str:
+    """Where the answer of `rid` is read: /v1/results/<id percent-encoded> (an id may hold any
+    character, "/" included; a header is latin-1), or /v1/results?id=<id> for "." and ".."."""
+    if rid in DOT_SEGMENTS:
+        return str(request.url_for("get_result_by_query").include_query_params(id=rid))
+    return str(request.url_for("get_result", request_id=quote(rid, safe="")))
+
+
+def read_system_one(body: bytes, model: str) -> tuple[Any, JSONResponse | None]:
+    """A POSTed body as (request object, None) once it is valid JSON and a valid SystemOne request
+    for `model` within every limit checked at submit (producer.client.prepare_request), else
+    (the object or None, the error response: 400 not JSON / nested too deeply / another model, 422
+    invalid or over a limit)."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        return None, _error(400, InvalidRequest(f"request body is not valid JSON: {e}"))
+    except RecursionError:
+        return None, _error(400, InvalidRequest("request body is not valid JSON: nested too deeply"))
+    try:
+        parsed = parse_request(obj)
+        if parsed.model != model:
+            raise ModelMismatch(f"request names model {parsed.model!r}; this route serves {model!r}")
+        prepare_request(obj, model)
+    except ModelMismatch as e:
+        return obj, _error(400, e, obj)
+    except Vela2Error as e:
+        return obj, _error(422, e, obj)
+    except RecursionError:
+        return obj, _error(400, InvalidRequest("request is nested too deeply"), obj)
+    return obj, None
 
 
 def _error(http_status: int, exc: BaseException, obj: Any = None) -> JSONResponse:
@@ -382,8 +435,7 @@ def create_app(
         return found.tenant
 
     def pending(request: Request, rid: str) -> JSONResponse:
-        # percent-encoded: an id may hold any character (a header is latin-1), "/" included
-        url = str(request.url_for("get_result", request_id=quote(rid, safe="")))
+        url = result_url(request, rid)
         return JSONResponse(
             Pending(id=rid, result_url=url).model_dump(mode="json"), status_code=202, headers={"Location": url}
         )
@@ -449,22 +501,16 @@ def create_app(
             return _error(408, InvalidRequest(msg))
         if isinstance(body, LimitExceeded):
             return _error(413, body)
-        try:
-            obj = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            return _error(400, InvalidRequest(f"request body is not valid JSON: {e}"))
-        try:
-            parsed = parse_request(obj)
-            if parsed.model != model:
-                raise ModelMismatch(f"request names model {parsed.model!r}; this route serves {model!r}")
-        except ModelMismatch as e:
-            return _error(400, e, obj)
-        except Vela2Error as e:
-            return _error(422, e, obj)
+        # parsed and validated in a thread: 8 MB of JSON takes seconds, which would stall every
+        # other caller's request on this event loop
+        obj, refused = await asyncio.to_thread(read_system_one, body, model)
+        if refused is not None:
+            return refused
         try:
             # queued unless its id is answered already (then the answer below comes at once), and
-            # refused when the id names a request with other content (answered or pending)
-            rid = await client(tenant).submit(obj, deadline_s=deadline_s)
+            # refused when the id names a request with other content (answered or pending);
+            # validated above already (read_system_one)
+            rid = await client(tenant).submit(obj, deadline_s=deadline_s, validate=False)
         except IdConflict as e:
             return _error(409, e, obj)
         except Vela2Error as e:  # over the message size once wrapped
@@ -478,21 +524,23 @@ def create_app(
             return gone(rid, e)
         return JSONResponse(answer, status_code=status_code(answer))
 
+    get_result_responses: dict[int | str, dict[str, Any]] = {
+        **{k: v for k, v in _ANSWER_RESPONSES.items() if k not in (400, 409, 413)},
+        202: {"model": Pending, "description": "submitted, not answered yet"},
+        429: {"model": ErrorAnswer, "description": "every Redis connection stayed busy (busy; Retry-After)"},
+        404: {"model": NotFound, "description": "unknown id (never submitted by a tracking producer)"},
+        410: {
+            "model": ErrorAnswer,
+            "description": "answered, but the answer expired from the result store (error.type "
+            "result_expired); POST the request again to score it anew",
+        },
+    }
+
     @app.get(
-        "/v1/results/{request_id:path}",  # an id may hold "/"
+        "/v1/results/{request_id:any_id}",  # an id may hold "/" and line breaks (see _AnyId)
         name="get_result",
         summary="The answer of a submitted request",
-        responses={
-            **{k: v for k, v in _ANSWER_RESPONSES.items() if k not in (400, 409, 413)},
-            202: {"model": Pending, "description": "submitted, not answered yet"},
-            429: {"model": ErrorAnswer, "description": "every Redis connection stayed busy (busy; Retry-After)"},
-            404: {"model": NotFound, "description": "unknown id (never submitted by a tracking producer)"},
-            410: {
-                "model": ErrorAnswer,
-                "description": "answered, but the answer expired from the result store (error.type "
-                "result_expired); POST the request again to score it anew",
-            },
-        },
+        responses=get_result_responses,
     )
     async def get_result(request: Request, request_id: str, tenant: str | None = Depends(caller)) -> JSONResponse:
         state, answer = await client(tenant).lookup(request_id)  # one MGET: result and marker together
@@ -506,6 +554,19 @@ def create_app(
             {"detail": f"no request {request_id!r} is known: never submitted by a tracking producer"},
             status_code=404,
         )
+
+    @app.get(
+        "/v1/results",
+        name="get_result_by_query",
+        summary="The answer of a submitted request, its id as a query parameter",
+        description="The same as GET /v1/results/{request_id}, for ids a path cannot carry: `.` and `..` "
+        "(clients resolve them as path segments before sending); the result_url of such an id is this form.",
+        responses=get_result_responses,
+    )
+    async def get_result_by_query(
+        request: Request, id: Annotated[str, Query(min_length=1)], tenant: str | None = Depends(caller)
+    ) -> JSONResponse:
+        return await get_result(request, id, tenant)
 
     def job_404(e: JobNotFound) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, status_code=404)

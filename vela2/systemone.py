@@ -399,14 +399,21 @@ def render_input(value: str | dict[str, str]) -> tuple[str, list[FieldRange] | N
     return "".join(parts), ranges
 
 
-def to_row(request: SystemOneRequest, calibration: Calibration) -> Row:
-    """The one bundled row that answers `request`: one question block per task, in task order."""
-    text, ranges = render_input(request.input)
+def render_checked(value: str | dict[str, str]) -> tuple[str, list[FieldRange] | None]:
+    """render_input, then the character limit of the rendered text (LimitExceeded naming both):
+    checked by the producers at submit and by the worker, with the same message."""
+    text, ranges = render_input(value)
     if len(text) > LIMITS.max_text_chars:
         raise LimitExceeded(
             f"input renders to {len(text):,} characters (field headers included); "
             f"limit {LIMITS.max_text_chars:,}"
         )
+    return text, ranges
+
+
+def to_row(request: SystemOneRequest, calibration: Calibration) -> Row:
+    """The one bundled row that answers `request`: one question block per task, in task order."""
+    text, ranges = render_checked(request.input)
     all_fields = [r.name for r in ranges] if ranges is not None else None
     questions = []
     for task in request.tasks:

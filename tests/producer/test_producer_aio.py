@@ -223,3 +223,21 @@ def test_wait_replicas_is_checked_like_the_clients(redis_url):
         AsyncClient(redis_url, wait_replicas=-2)
     with pytest.raises(InvalidRequest, match="the broker is RabbitMQ"):
         AsyncClient(redis_url, broker_url="amqp://guest:guest@127.0.0.1:1//", wait_replicas=2)
+
+
+def test_a_push_that_fails_takes_its_marker_back(redis_url):
+    """As producer.Client: a broker that refuses the push leaves no "pending" marker behind."""
+    from vela2.wire.keys import submitted_key
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+
+    async def main() -> None:
+        async with AsyncClient(redis_url, model=MODEL, broker_url=f"redis://127.0.0.1:{dead}/0") as client:
+            with pytest.raises(redis.exceptions.ConnectionError):
+                await client.submit(row(1))
+            assert await client.status("a-1") == "unknown"
+            assert await client.redis.get(submitted_key("a-1")) is None
+
+    asyncio.run(main())

@@ -364,3 +364,52 @@ def test_wait_replicas_with_a_rabbitmq_broker_is_refused_before_connecting(redis
     with pytest.raises(InvalidRequest, match="wait_replicas 1 counts replicas of a Redis broker; the broker is Rabbit"):
         Client(model="vela2-demo", redis=redis, broker_url="amqp://guest:guest@127.0.0.1:1//", wait_replicas=1)
     assert Client(model="vela2-demo", redis=redis, wait_replicas=0).wait_replicas == 0
+
+
+def _dead_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: nothing answers there
+
+
+def test_a_push_that_fails_takes_its_marker_back(redis):
+    """The broker (another Redis) refuses the push: the caller gets the connection error and the id
+    is free again (not "pending" for a day, not a conflict for other content); a later submit works."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    down = Client(model="vela2-demo", redis=redis, broker_url=f"redis://127.0.0.1:{_dead_port()}/0")
+    with pytest.raises(RedisConnectionError):
+        down.submit({**ROW, "id": "p"})
+    with pytest.raises(RedisConnectionError):
+        down.submit_many([{**ROW, "id": "q1"}, {**ROW, "text": "other", "id": "q2"}])
+    assert [down.status(i) for i in ("p", "q1", "q2")] == ["unknown"] * 3
+    assert [redis.get(submitted_key(i)) for i in ("p", "q1", "q2")] == [None] * 3
+    up = Client(model="vela2-demo", redis=redis)
+    assert up.submit({**ROW, "text": "new content", "id": "p"}) == "p"  # no IdConflict with what never queued
+    assert up.status("p") == "pending" and redis.llen(ONLINE) == 1
+
+
+def test_a_push_short_of_replicas_keeps_its_marker():
+    """NotReplicated: the messages are on the master, so the request stays pending."""
+    from producer.brokers import NotReplicated
+    from producer.client import pushed_anyway
+
+    assert pushed_anyway(NotReplicated("1 of 2 replicas"))
+    assert not pushed_anyway(ConnectionError("refused"))
+
+
+def test_a_system_one_input_over_the_character_limit_is_refused_at_submit(client, redis):
+    """The worker's own limit and message, before anything is queued: free text, and fields whose
+    headers take the rendered text past the limit."""
+    from vela2.config import LIMITS
+
+    n = LIMITS.max_text_chars
+    with pytest.raises(LimitExceeded, match=f"input renders to {n + 1:,} characters.*limit {n:,}"):
+        client.submit({**S1, "input": "x" * (n + 1)})
+    half = "y" * (n // 2)
+    with pytest.raises(LimitExceeded, match="field headers included"):
+        client.submit({**S1, "input": {"a": half, "b": half}})
+    assert redis.llen(ONLINE) == 0
+    assert client.submit({**S1, "input": "x" * n})  # at the limit: queued

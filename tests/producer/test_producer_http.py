@@ -114,6 +114,13 @@ def test_refusals_are_4xx_with_clear_messages_and_nothing_is_queued(redis_url, r
         r = http.post("/v1/system_one", content=b"{not json", headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["message"].startswith("request body is not valid JSON")
 
+        for depth in (100_000, 980):  # found by review: a RecursionError made a plain-text 500
+            r = http.post("/v1/system_one", content=b"[" * depth + b"]" * depth)
+            assert r.status_code in (400, 422) and r.json()["error"]["type"] == "invalid_request", r.text
+        deep = {**REQUEST, "input": {"a": "x"}, "tasks": [{"name": "t", "kind": "set", "options": [[[["a"]]]]}]}
+        r = http.post("/v1/system_one", json=deep)
+        assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request"
+
         r = http.post("/v1/system_one", content=b" " * 8_000_001)
         assert r.status_code == 413 and r.json()["error"]["type"] == "limit_exceeded"
         assert r.json()["error"]["message"] == "request body has 8,000,001 bytes; limit 8,000,000"
@@ -231,8 +238,9 @@ def test_openapi_describes_every_route_and_the_systemone_schemas(redis_url, http
         # no page that loads scripts from a CDN: the document alone, which names no remote asset
         assert http.get("/docs").status_code == 404 and http.get("/redoc").status_code == 404
         assert "cdn" not in raw.text.lower() and "<script" not in raw.text
-    assert set(spec["paths"]) == {"/v1/system_one", "/v1/results/{request_id}", "/healthz", "/readyz", "/v1/batches",
-                                  "/v1/batches/{job_id}", "/v1/batches/{job_id}/output", "/v1/batches/{job_id}/cancel"}
+    assert set(spec["paths"]) == {"/v1/system_one", "/v1/results/{request_id}", "/v1/results", "/healthz", "/readyz",
+                                  "/v1/batches", "/v1/batches/{job_id}", "/v1/batches/{job_id}/output",
+                                  "/v1/batches/{job_id}/cancel"}
     post = spec["paths"]["/v1/system_one"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/SystemOneRequest"
@@ -446,10 +454,13 @@ def test_a_connection_whose_headers_do_not_arrive_is_closed(redis_url, http_serv
 
 def test_a_pending_request_of_any_id_gets_a_result_url_that_reads_its_answer(redis_url, http_server, fake_worker):
     """Found by schemathesis: an id a header cannot carry (latin-1) made the 202 a 500; and an id
-    holding "/" had a result_url that matched no route."""
+    holding "/" had a result_url that matched no route. Found by review: an id holding a line break
+    matched no route, and one ending in one read the answer of the id before it ("k\n" -> "k");
+    "." and ".." had URLs that clients resolve away."""
     worker = fake_worker()
     worker.pause()
-    ids = ["\u00fc\u00f1 \U0001f600 \"x\"", "tenant-like/id", "a%2Fb"]
+    ids = ["\u00fc\u00f1 \U0001f600 \"x\"", "tenant-like/id", "a%2Fb", "k", "k\n", "k\r\n", "nl\nx", ".", "..",
+           "a/..", "./b"]
     with httpx.Client(base_url=http_server(redis_url), timeout=30) as http:
         urls = {}
         for rid in ids:
