@@ -37,6 +37,8 @@ from producer.client import (
     DEFAULT_REDIS_URL,
     Scope,
     cancel_commands,
+    check_timeout,
+    check_ttl,
     claim_commands,
     conflict_error,
     expired_answer,
@@ -233,7 +235,7 @@ class AsyncClient:
             if broker_url else self.redis)
         self.model = model
         self.track_submitted = track_submitted
-        self.submitted_ttl_s = submitted_ttl_s
+        self.submitted_ttl_s = check_ttl(submitted_ttl_s)
         self.scope = Scope(tenant)  # ids of a tenant never meet another's (producer.client.Scope)
         tracing.configure("vela2-producer")  # only when OTEL_* variables ask for traces (vela2.wire.tracing)
         self._poll = (poll_min_s, poll_max_s)
@@ -348,6 +350,7 @@ class AsyncClient:
         return await self.status(request_id) == "pending"
 
     async def _one(self, request_id: str, timeout_s: float | None, parse: Any) -> Any:
+        timeout_s = check_timeout(timeout_s)
         wire = self.scope.wire(request_id)
         raw = (await self.poller.wait([wire], timeout_s))[wire]
         if raw is EXPIRED:
@@ -358,6 +361,7 @@ class AsyncClient:
         return self.scope.back(value, wire)
 
     async def _many(self, ids: Iterable[str], timeout_s: float | None, parse: Any, expired: Any) -> dict[str, Any]:
+        timeout_s = check_timeout(timeout_s)
         wire = {rid: self.scope.wire(rid) for rid in ids}
         raws = await self.poller.wait(list(wire.values()), timeout_s)
         return {rid: self.scope.back(expired(w) if raws[w] is EXPIRED else parse(raws[w]), w)

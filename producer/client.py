@@ -47,7 +47,16 @@ from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatc
 from vela2.schemas import RowResult, Status, error_result, parse_row
 from vela2.wire import tracing
 from vela2.wire.connections import redis_client
-from vela2.wire.keys import cancel_key, queue_name, result_key, scoped_id, submitted_key, tenant_problem, unscoped_id
+from vela2.wire.keys import (
+    cancel_key,
+    id_problem,
+    queue_name,
+    result_key,
+    scoped_id,
+    submitted_key,
+    tenant_problem,
+    unscoped_id,
+)
 from vela2.wire.messages import Message, build_message, deadline_to_expires, request_digest, with_id
 from vela2.wire.results import (
     CLAIM_ANSWERED,
@@ -124,6 +133,10 @@ class Scope:
             raise InvalidRequest(problem)
 
     def wire(self, rid: str) -> str:
+        """The id as it travels and is stored; InvalidRequest for one no request can have (not a
+        string, empty, over the limit, not encodable: e.g. a lone surrogate)."""
+        if problem := id_problem(rid):
+            raise InvalidRequest(f"id {problem}")
         return scoped_id(self.tenant, rid)
 
     def wire_items(self, items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -134,7 +147,7 @@ class Scope:
         for rid, obj in items:
             wire = self.wire(rid)
             if len(wire) > LIMITS.max_id_chars:
-                room = LIMITS.max_id_chars - len(self.wire(""))
+                room = LIMITS.max_id_chars - len(scoped_id(self.tenant, ""))
                 raise LimitExceeded(f"id {rid[:40]!r}... has {len(rid):,} characters; under tenant "
                                     f"{self.tenant!r} the limit is {room:,}")
             out.append((wire, {**obj, "id": wire} if isinstance(obj, dict) else obj))
@@ -305,6 +318,24 @@ def conflict_error(ids: list[str]) -> IdConflict:
     )
 
 
+def check_timeout(timeout_s: Any) -> float | None:
+    """A wait's `timeout_s`: None (wait for ever) or a number >= 0 (InvalidRequest naming it else:
+    NaN would never time out, a negative one would never wait)."""
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0 \
+            or timeout_s == float("inf"):
+        raise InvalidRequest(f"timeout_s must be a finite number of seconds >= 0, or None; got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def check_ttl(submitted_ttl_s: Any) -> int:
+    """`submitted_ttl_s` as the clients take it: a whole number of seconds >= 1 (Redis EX)."""
+    if isinstance(submitted_ttl_s, bool) or not isinstance(submitted_ttl_s, int) or submitted_ttl_s < 1:
+        raise InvalidRequest(f"submitted_ttl_s must be a whole number of seconds >= 1; got {submitted_ttl_s!r}")
+    return submitted_ttl_s
+
+
 def pushed_anyway(exc: BaseException) -> bool:
     """True when a failed push still queued its messages: NotReplicated (they are on the master, not yet
     on enough replicas). Any other failure is taken as nothing queued (a Redis pipeline that broke, a
@@ -382,7 +413,7 @@ class Client:
         # Write vela2:submitted:<id> markers at submit time (with the push): without them an expired
         # answer cannot be told from one not written yet, and waits on it last their whole timeout.
         self.track_submitted = track_submitted
-        self.submitted_ttl_s = submitted_ttl_s
+        self.submitted_ttl_s = check_ttl(submitted_ttl_s)
         tracing.configure("vela2-producer")  # only when OTEL_* variables ask for traces (vela2.wire.tracing)
 
     def __enter__(self) -> Client:
@@ -505,6 +536,7 @@ class Client:
     def _wait_one(self, request_id: str, timeout_s: float | None, parse: Any) -> Any:
         """Wait on the result key's pub/sub channel (no polling); TimeoutError after timeout_s,
         ResultExpired as soon as the marker says the answer came and expired."""
+        timeout_s = check_timeout(timeout_s)
         key = result_key(request_id)
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         try:
@@ -548,6 +580,7 @@ class Client:
         return self._read_many(list(ids), timeout_s, parse_answer, expired_answer)
 
     def _read_many(self, ids: list[str], timeout_s: float | None, parse: Any, expired: Any) -> dict[str, Any]:
+        timeout_s = check_timeout(timeout_s)
         wire = {rid: self.scope.wire(rid) for rid in ids}
         got = self._wait_many(list(wire.values()), timeout_s, parse, expired)
         return {rid: self.scope.back(got[w], w) for rid, w in wire.items()}

@@ -543,7 +543,10 @@ def create_app(
         responses=get_result_responses,
     )
     async def get_result(request: Request, request_id: str, tenant: str | None = Depends(caller)) -> JSONResponse:
-        state, answer = await client(tenant).lookup(request_id)  # one MGET: result and marker together
+        try:
+            state, answer = await client(tenant).lookup(request_id)  # one MGET: result and marker together
+        except InvalidRequest as e:  # an id no request can have (over the limit): unknown, and why
+            return JSONResponse({"detail": f"no request {request_id[:80]!r} is known: {e}"}, status_code=404)
         if answer is not None:
             return JSONResponse(answer, status_code=status_code(answer))
         if state == "expired":

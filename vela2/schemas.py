@@ -236,6 +236,11 @@ def _first_error(e: ValidationError) -> Vela2Error:
         return InvalidRequest(f"{where}field required")
     if err["type"] == "extra_forbidden":
         return InvalidRequest(f"{where}unknown field")
+    ctx = err.get("ctx") or {}
+    if err["type"] == "string_too_long" and isinstance(err.get("input"), str):
+        return LimitExceeded(f"{loc or 'string'} has {len(err['input']):,} characters; limit {ctx['max_length']:,}")
+    if err["type"] == "too_long" and isinstance(ctx.get("actual_length"), int):
+        return LimitExceeded(f"{loc or 'list'} has {ctx['actual_length']:,} items; limit {ctx['max_length']:,}")
     if err["type"] in ("string_too_long", "too_long"):
         return LimitExceeded(f"{where}{err['msg']}; got {value}")
     return InvalidRequest(f"{where}{err['msg']}; got {value}")

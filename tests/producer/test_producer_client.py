@@ -413,3 +413,20 @@ def test_a_system_one_input_over_the_character_limit_is_refused_at_submit(client
         client.submit({**S1, "input": {"a": half, "b": half}})
     assert redis.llen(ONLINE) == 0
     assert client.submit({**S1, "input": "x" * n})  # at the limit: queued
+
+
+def test_reads_and_waits_refuse_what_no_request_can_have(client):
+    """Found by review: a lone-surrogate id raised a raw UnicodeEncodeError, a NaN timeout a bare
+    ValueError (or a wait for ever), a TTL of 0 a Redis error at the first submit."""
+    for call in (lambda: client.status("\ud800"), lambda: client.cancel(["\ud800"]),
+                 lambda: client.results_many(["ok", "x" * 300], timeout_s=0)):
+        with pytest.raises(InvalidRequest, match=r"^id (is not valid Unicode|has 300 characters)"):
+            call()
+    for bad in (float("nan"), -1, float("inf"), "5"):
+        with pytest.raises(InvalidRequest, match="timeout_s must be a finite number"):
+            client.result("a", timeout_s=bad)
+    with pytest.raises(TimeoutError):
+        client.result("a", timeout_s=0)
+    for ttl in (0, -5, 1.5, None):
+        with pytest.raises(InvalidRequest, match="submitted_ttl_s must be a whole number"):
+            Client(model="vela2-demo", redis=client.redis, submitted_ttl_s=ttl)

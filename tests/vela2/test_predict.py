@@ -21,7 +21,7 @@ from vela2 import pipeline, reference
 from vela2.calibration import option_value
 from vela2.config import LIMITS
 from vela2.demo import sample_rows
-from vela2.errors import InvalidRequest, PrecisionError
+from vela2.errors import InvalidRequest, LimitExceeded, PrecisionError
 from vela2.pipeline import SeqOutput, finish, merge_span_windows, pool_option_windows, prepare, run_batch
 from vela2.rendering import RenderedRow, Sequence, split_words
 from vela2.schemas import Answer, RowResult, SpanOut, parse_row, surrogate_index
@@ -708,3 +708,15 @@ def test_answers_refuse_non_finite_numbers():
         SpanOut(label="a", start=0, end=1, text="x", score=float("-inf"))
     with pytest.raises(ValidationError):
         RowResult(id="x", status="ok", timings={"model_ms": float("nan")})
+
+
+def test_a_string_or_list_over_its_limit_is_named_with_its_length_and_the_limit():
+    """Found by review: pydantic's own 'String should have at most 4000 characters; got 'xxxx...''
+    named neither the length given nor, for SystemOne, which limit."""
+    from vela2.schemas import parse_row
+    from vela2.systemone import parse_request
+
+    with pytest.raises(LimitExceeded, match=r"^questions\[0\]\.question has 4,001 characters; limit 4,000$"):
+        parse_row({**GOOD, "questions": [{"question": "q" * 4001, "options": ["a", "b"]}]})
+    with pytest.raises(LimitExceeded, match=r"^tasks\[0\]\.name has 200 characters; limit 128$"):
+        parse_request({"model": "m", "input": "x", "tasks": [{"name": "t" * 200, "kind": "set", "options": ["a"]}]})
