@@ -5,7 +5,9 @@
 
 - Streams IN line by line: each line a row or a SystemOne request (told apart by their keys).
 - Deterministic ids: the request's own "id", else its content hash (`vela2.wire.messages.request_id`);
-  a line that is not a JSON object is `line-<N>` (1-based).
+  a line with no id it can be answered under (not JSON, not an object, or an id that cannot name a
+  request, such as one with a lone surrogate) is `line-<N>-<hash>` (1-based N, 12 hex digits of the
+  line's bytes: `line_id`), never a caller's id.
 - Resumable: OUT is read first and every id in it is skipped; a torn last line (no newline: the
   previous run was killed while writing it) is truncated before appending. `retry="timeouts"`
   (`--retry timeouts`) takes the lines this command wrote for rows that got no answer (error types
@@ -51,8 +53,10 @@ of bytes each), never with the size of the rows. No torch.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -83,10 +87,10 @@ from vela2.redis_url import (
     check_url,
     url_from_args,
 )
-from vela2.schemas import Status, error_result
+from vela2.schemas import Status, error_result, guess_id_task
 from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
-from vela2.wire.keys import HEARTBEAT_S, priority_lists, queue_name, result_key, workers_key
-from vela2.wire.messages import build_message, deadline_to_expires, request_id
+from vela2.wire.keys import HEARTBEAT_S, id_problem, priority_lists, queue_name, result_key, workers_key
+from vela2.wire.messages import build_message, deadline_to_expires, decode_json, request_id
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +112,9 @@ EXIT_REDIS_UNAVAILABLE = 3
 DEFAULT_STALL_WARN_S = 60.0  # no answer for this long, the queue not shrinking: warn (no worker?)
 RETRY_CHOICES = ("errors", "timeouts")
 LOST_TYPES = ("timeout", "result_expired")  # error types of lines this command wrote for rows never answered
+# Durations in seconds checked before anything is read: name -> whether 0 is allowed (a redis_timeout_s
+# of 0 gives up at the first failed call; a 0 poll, timeout or stall warning makes no sense).
+DURATIONS = {"timeout_s": False, "poll_s": False, "stall_warn_s": False, "redis_timeout_s": True}
 
 # Delete a stored answer that is not ok (KEYS[1] = its result key), so `--retry errors` scores the row
 # anew; an ok answer (or none) is left as it is. Returns 1 when it deleted one.
@@ -279,8 +286,15 @@ class LineWriter:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, obj: dict[str, Any]) -> None:
-        """Append one JSON object as one line."""
-        data = memoryview((json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
+        """Append one JSON object as one line. A string UTF-8 cannot encode (a lone surrogate, e.g.
+        quoted in a stored answer's message) is written as a JSON escape instead: a line is never lost
+        to its encoding, and it reads back as the same string."""
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
+        try:
+            encoded = text.encode("utf-8")
+        except UnicodeEncodeError:
+            encoded = (json.dumps(obj, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
+        data = memoryview(encoded)
         while data:
             data = data[os.write(self.fd, data) :]
 
@@ -292,12 +306,27 @@ class LineWriter:
             os.close(self.fd)
 
 
+def line_id(lineno: int, raw: bytes, obj: Any) -> str:
+    """The id line `lineno` is answered, resumed and de-duplicated under: the request's own id (or
+    its content id, `request_id`); for a line with no id it can be answered under (not JSON, not an
+    object, or an id that cannot name a request: `id_problem`, e.g. a lone surrogate UTF-8 cannot
+    write to OUT) `line-<N>-<12 hex digits of the hash of its bytes>`. The hash is what keeps it from
+    being a caller's id: with a plain `line-<N>`, a real row called `line-1` after a bad line 1 was
+    taken for a duplicate of it, and skipped by every rerun as already in OUT. It is stable from run
+    to run of the same IN, so a rerun skips the bad line's own error line."""
+    if isinstance(obj, dict):
+        rid = request_id(obj)
+        if id_problem(rid) is None:
+            return rid
+    return f"line-{lineno}-{hashlib.sha256(raw.strip()).hexdigest()[:12]}"
+
+
 def _error_line(obj: Any, rid: str, exc: BaseException) -> dict[str, Any]:
-    """The error line of a request: a SystemOne error answer, else an error RowResult."""
+    """The error line of a request: a SystemOne error answer, else an error RowResult (its task as
+    predict() gives a refused request's, `guess_id_task`: escaped where UTF-8 cannot encode it)."""
     if is_system_one(obj):
         return {**error_answer(obj, exc), "id": rid}
-    task = obj.get("task") if isinstance(obj, dict) and isinstance(obj.get("task"), str) else None
-    return error_result(rid, task, exc).to_json_dict()
+    return error_result(rid, guess_id_task(obj)[1], exc).to_json_dict()
 
 
 def _lost_line(rid: str, pending: _Pending, model: str, code: str, message: str) -> dict[str, Any]:
@@ -417,11 +446,12 @@ class _Backfill:
             return
         s.rows += 1
         try:
-            obj: Any = json.loads(raw)
+            # refused by name: not JSON, not UTF-8, nested deeper than MAX_JSON_DEPTH (was a RecursionError)
+            obj: Any = decode_json(raw, f"line {lineno}")
             parse_error: BaseException | None = None
-        except (ValueError, UnicodeDecodeError) as e:
-            obj, parse_error = None, InvalidRequest(f"line {lineno}: not valid JSON: {e}")
-        rid = request_id(obj) if isinstance(obj, dict) else f"line-{lineno}"
+        except InvalidRequest as e:
+            obj, parse_error = None, e
+        rid = line_id(lineno, raw, obj)
         if rid in seen:
             s.duplicates += 1
             if len(s.duplicate_ids) < 20:
@@ -647,6 +677,8 @@ def run_backfill(
     check_wait_replicas(wait_replicas, broker_url)
     if chunk_size < 1:
         raise InvalidRequest(f"chunk_size must be at least 1; got {chunk_size}")
+    check_durations({"timeout_s": timeout_s, "poll_s": poll_s, "stall_warn_s": stall_warn_s,
+                     "redis_timeout_s": redis_timeout_s})
     deadline_to_expires(deadline_s)  # a deadline out of bounds is refused before anything is queued
     t0 = time.monotonic()
     retried = take_out_retries(out_path, retry) if retry else set()
@@ -677,6 +709,21 @@ def run_backfill(
         job.summary.elapsed_s = time.monotonic() - t0
     log.info("%s", job.summary.line())
     return job.summary
+
+
+def check_seconds(name: str, value: float | None, *, zero_ok: bool = False) -> None:
+    """Refuse a duration that is not a finite number of seconds > 0 (>= 0 with `zero_ok`; None: unset)
+    with InvalidRequest naming it and the value: NaN compares false with everything, so `--timeout-s
+    nan` never timed out, and a negative `--poll-s` crashed in time.sleep mid-run."""
+    if value is None or (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
+        return
+    raise InvalidRequest(f"{name} must be a finite number of seconds {'>= 0' if zero_ok else '> 0'}; got {value:g}")
+
+
+def check_durations(values: dict[str, float | None], *, as_flags: bool = False) -> None:
+    """`check_seconds` over DURATIONS, each named as its parameter or (`as_flags`) its flag: `--poll-s`."""
+    for name, value in values.items():
+        check_seconds("--" + name.replace("_", "-") if as_flags else name, value, zero_ok=DURATIONS[name])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -722,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vela2 backfill: {args.input}: no such file", file=sys.stderr)
         return 2
     try:
+        check_durations({name: getattr(args, name) for name in DURATIONS}, as_flags=True)
         redis_url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv, log)
         summary = run_backfill(
             args.input,

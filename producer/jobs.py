@@ -40,12 +40,12 @@ from typing import Any
 import redis.exceptions
 
 from producer import brokers
-from producer.backfill import ENV_MODEL
+from producer.backfill import ENV_MODEL, check_seconds
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, http_status, pack_messages, prepare_request
 from vela2.config import LIMITS
 from vela2.errors import ConfigError, InvalidRequest, JobNotFound, Vela2Error
 from vela2.redis_url import add_url_arguments, url_from_args
-from vela2.schemas import Status, cancelled_result, error_result
+from vela2.schemas import Status, cancelled_result, error_result, guess_id_task
 from vela2.systemone import error_answer, is_system_one, parse_request, to_answer
 from vela2.wire.jobs import (
     CANCEL_JOB_SCRIPT,
@@ -63,8 +63,8 @@ from vela2.wire.jobs import (
     request_wire_id,
     served_counts,
 )
-from vela2.wire.keys import id_problem, job_ids_key, job_key, jobs_key, queue_name, result_key
-from vela2.wire.messages import build_message, request_id
+from vela2.wire.keys import id_problem, job_ids_key, job_key, jobs_key, queue_name, result_key, scoped_id
+from vela2.wire.messages import build_message, decode_json, request_id
 from vela2.wire.results import DEFAULT_RESULT_EXPIRES_S, ResultStore, parse_answer, row_meta
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,10 @@ def _now() -> float:
 def _parse_line(raw: bytes, lineno: int, model: str) -> tuple[str, str, Any, Vela2Error | None]:
     """One input line -> (kind, caller's id, request (with its id) or the raw object, error or None)."""
     try:
-        obj: Any = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        return KIND_ROW, f"line-{lineno}", None, InvalidRequest(f"line {lineno}: not valid JSON: {e}")
+        # refused by name: not JSON, not UTF-8, nested deeper than MAX_JSON_DEPTH (was a RecursionError)
+        obj: Any = decode_json(raw, f"line {lineno}")
+    except InvalidRequest as e:
+        return KIND_ROW, f"line-{lineno}", None, e
     kind = KIND_ROW
     if isinstance(obj, dict) and "custom_id" in obj:
         kind, cid, body = KIND_OPENAI, obj["custom_id"], obj.get("body")
@@ -113,6 +114,10 @@ def _parse_line(raw: bytes, lineno: int, model: str) -> tuple[str, str, Any, Vel
         return kind, f"line-{lineno}", obj, InvalidRequest(
             f"line {lineno}: a request must be a JSON object; got {type(obj).__name__}")
     caller = cid if kind == KIND_OPENAI else request_id(obj)
+    if id_problem(caller):  # an id the request is refused for (prepare_request says why), e.g. a lone
+        # surrogate: kept as predict() keeps a refused request's (escaped, cut), so Redis and the
+        # output (UTF-8) can hold it
+        caller = guess_id_task(obj)[0]
     try:
         _, obj = prepare_request(obj, model)
         if len(raw) > LIMITS.max_message_bytes - _SIZE_CHECK_SLACK:
@@ -123,10 +128,10 @@ def _parse_line(raw: bytes, lineno: int, model: str) -> tuple[str, str, Any, Vel
 
 
 def _error_meta(wire: str, obj: Any, exc: BaseException) -> dict[str, Any]:
-    """The stored meta of a line answered at once with an error (the worker's shapes)."""
-    task = obj.get("task") if isinstance(obj, dict) and isinstance(obj.get("task"), str) else None
+    """The stored meta of a line answered at once with an error (the worker's shapes; the task as
+    the worker gives a refused request's, `guess_id_task`: escaped where UTF-8 cannot encode it)."""
     answer = {**error_answer(obj, exc), "id": wire} if is_system_one(obj) else None
-    return row_meta(wire, error_result(wire, task, exc), answer)
+    return row_meta(wire, error_result(wire, guess_id_task(obj)[1], exc), answer)
 
 
 def _cancelled_meta(wire: str, obj: Any) -> dict[str, Any]:
@@ -265,12 +270,21 @@ def submit_job(
     return sub.summary
 
 
+def _job_key(client: Client, job_id: str) -> str:
+    """The record key of the caller's job `job_id`; JobNotFound for an id no job can have."""
+    try:
+        return job_key(client.scope.wire(job_id))
+    except InvalidRequest as e:
+        raise JobNotFound(f"no job {job_id[:80]!r}: {e}") from None
+
+
 def job_info(client: Client, job_id: str) -> JobInfo:
     """The job's record now, with the model identities that answered it (one round trip);
     JobNotFound when there is none (or it is another tenant's)."""
     pipe = client.redis.pipeline(transaction=False)
-    pipe.hmget(job_key(client.scope.wire(job_id)), JOB_FIELDS)
-    pipe.hgetall(job_key(client.scope.wire(job_id)))
+    key = _job_key(client, job_id)
+    pipe.hmget(key, JOB_FIELDS)
+    pipe.hgetall(key)
     values, fields = pipe.execute()
     info = parse_job(values, _now())
     if info is None:
@@ -284,7 +298,7 @@ def cancel_job(client: Client, job_id: str) -> JobInfo:
     (without running it); those running finish and keep their answer; the job ends `cancelled`
     once all are answered. A job that has ended stays as it is. Returns the record after the call;
     JobNotFound when there is none."""
-    code = client.redis.eval(CANCEL_JOB_SCRIPT, 1, job_key(client.scope.wire(job_id)), _now())
+    code = client.redis.eval(CANCEL_JOB_SCRIPT, 1, _job_key(client, job_id), _now())
     if code == -1:
         raise JobNotFound(f"no job {job_id!r} (never created, another tenant's, or expired with its results)")
     return job_info(client, job_id)
@@ -295,7 +309,7 @@ def list_jobs(client: Client, limit: int = 100) -> list[JobInfo]:
     jobs that expired are removed on the way."""
     if limit < 1:
         raise InvalidRequest(f"limit must be at least 1; got {limit}")
-    prefix = client.scope.wire("")
+    prefix = scoped_id(client.scope.tenant, "")  # the tenant's prefix ("" is no id: not Scope.wire)
     out: list[JobInfo] = []
     start = 0
     while len(out) < limit:
@@ -361,8 +375,8 @@ def job_lines(client: Client, job_id: str, *, timeout_s: float | None = None,
     READ_PAGE lines per round trip, waiting (polls every `poll_s`) where the next answer is not in
     yet. TimeoutError after `timeout_s` without the job's end (what was yielded stays yielded);
     JobNotFound when there is no such job."""
+    info = job_info(client, job_id)  # JobNotFound first, for an id no job can have too
     job = client.scope.wire(job_id)
-    info = job_info(client, job_id)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pos = 0
     while True:
@@ -535,6 +549,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         info = job_info(client, args.job)
         print(json.dumps(info.to_dict()) if args.json else status_line(info, _now()))
     elif args.command == "results":
+        check_seconds("--timeout-s", args.timeout_s, zero_ok=True)  # NaN would wait for ever
         n_out, n_err = write_results(client, args.job, args.output, args.errors, timeout_s=args.timeout_s)
         print(f"vela2 jobs: {args.job}: wrote {n_out:,} lines to {args.output}"
               + (f" and {n_err:,} to {args.errors}" if args.errors else ""), file=sys.stderr)

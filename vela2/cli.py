@@ -48,19 +48,23 @@ def _load(checkpoint: str, device: str, precision: str):
 
 def read_jsonl(path: str) -> list[tuple[Any, Vela2Error | None]]:
     """Lines of a JSONL file (`-` = stdin), each decoded or paired with the error that names it
-    (blank lines too, so that output lines stay 1:1 with input lines)."""
+    (blank lines too, so that output lines stay 1:1 with input lines). The file is read as bytes and
+    each line decoded on its own, as backfill and bulk jobs do (`decode_json`): a byte that is not
+    UTF-8, or JSON nested deeper than 64 levels, fails its own line, not the whole file."""
+    from vela2.wire.messages import decode_json
+
     out: list[tuple[Any, Vela2Error | None]] = []
     with contextlib.ExitStack() as stack:
-        fh = sys.stdin if path == "-" else stack.enter_context(open(path, encoding="utf-8"))
+        # sys.stdin.buffer: the bytes; a text stream without one (a test's StringIO) yields str lines
+        fh = getattr(sys.stdin, "buffer", sys.stdin) if path == "-" else stack.enter_context(open(path, "rb"))
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 out.append(({"id": f"line-{n}"}, InvalidRequest(f"line {n} is empty")))
                 continue
             try:
-                out.append((json.loads(line), None))
-            except json.JSONDecodeError as e:
-                out.append(({"id": f"line-{n}"}, InvalidRequest(f"line {n} is not valid JSON: {e.msg} "
-                                                              f"at column {e.colno}")))
+                out.append((decode_json(line, f"line {n}"), None))
+            except InvalidRequest as e:  # not JSON, not UTF-8, nested too deeply (RecursionError before)
+                out.append(({"id": f"line-{n}"}, e))
     return out
 
 

@@ -87,7 +87,7 @@ def test_a_mixed_file_becomes_a_job_whose_counts_are_exact_and_whose_results_com
     assert openai_ok["response"]["body"]["id"] == "c-1" and openai_ok["id"] == request_wire_id(done.id, 3)
     assert openai_bad["response"]["status_code"] == 422 and openai_bad["error"]["code"] == "invalid_request"
     assert "line 9" in openai_bad["error"]["message"]
-    assert out[1][0]["error"]["message"].startswith("line 2: not valid JSON")
+    assert out[1][0]["error"]["message"].startswith("line 2 is not valid JSON: Expecting")
 
 
 def test_results_are_counted_once_when_a_message_is_delivered_twice(redis, client):
@@ -188,6 +188,10 @@ def test_list_and_tenants_and_unknown_jobs(redis, client):
     assert redis.zcard(jobs_key(MODEL)) == 2
     with pytest.raises(JobNotFound):
         cancel_job(client, "batch_nope")
+    for bad in ("x" * 300, "\ud800", ""):  # ids no job can have: not found, never a raw error
+        for call in (job_info, cancel_job):
+            with pytest.raises(JobNotFound, match="no job"):
+                call(client, bad)
     assert redis.exists(result_key(f"acme/{c}#0")) == 0  # scoped: the tenant's line ids carry it
 
 
@@ -248,3 +252,39 @@ def test_the_async_client_cancels_as_the_sync_one():
     assert asyncio.run(go()) == ["r-q"]
     FakeWorker(redis, MODEL).drain()
     assert read_results(redis, ["r-q"])["r-q"].status == "cancelled"
+
+
+def test_a_line_with_a_lone_surrogate_is_an_error_line_of_the_job(redis, client, tmp_path):
+    """Valid JSON ("\\ud800") that UTF-8 cannot encode: its id used to make the push fail (a traceback,
+    the job left half registered; HTTP 500), its task `jobs results`. Now an invalid_request line under
+    the id as predict() gives it (escaped); the rest of the file goes through."""
+    bad_id = '{"id": "bad\\ud800", "task": "choice:x", "text": "t", "questions": [{"options": ["a", "b"]}]}'
+    bad_task = '{"id": "t-1", "task": "choice:x\\udc00", "text": "t", "questions": [{"options": ["a", "b"]}]}'
+    done = submit_job(client, lines([row(1), bad_id, bad_task, row(2)]))
+    assert (done.lines, done.queued, done.invalid) == (4, 2, 2)
+    FakeWorker(redis, MODEL).drain()
+    assert job_info(client, done.id).status == "completed"
+    out = [line for line, _ in job_lines(client, done.id)]
+    assert [line["id"] for line in out] == ["r-1", "bad\\ud800", "t-1", "r-2"]
+    assert out[1]["error"] == {"type": "invalid_request",
+                               "message": "line 2: id is not valid Unicode (lone surrogate at index 3)"}
+    assert out[2]["task"] == "choice:x\\udc00" and "task is not valid Unicode" in out[2]["error"]["message"]
+    assert jobs_mod.write_results(client, done.id, str(tmp_path / "out.jsonl")) == (4, 0)  # UTF-8: writable
+
+
+def test_json_nested_too_deeply_is_an_error_line_of_the_job(redis, client):
+    """5,000 levels of [ raised RecursionError (no ValueError) out of submit_job, the job left half registered."""
+    done = submit_job(client, lines([row(1), "[" * 5000 + "]" * 5000, row(2)]) + [b'{"id": "x\xff"}\n'])
+    assert (done.lines, done.queued, done.invalid) == (4, 2, 2)
+    FakeWorker(redis, MODEL).drain()
+    out = [line for line, _ in job_lines(client, done.id)]
+    assert [line["id"] for line in out] == ["r-1", "line-2", "r-2", "line-4"]
+    assert out[1]["error"]["message"] == "line 2 is nested deeper than 64 levels"
+    assert out[3]["error"]["message"].startswith("line 4 is not valid JSON: 'utf-8' codec can't decode byte 0xff")
+
+
+def test_results_timeout_that_is_not_a_finite_number_exits_2(tmp_path, capsys):
+    """`--timeout-s nan` would wait for ever; refused before Redis is reached (port 1: that would exit 3)."""
+    argv = ["results", "batch_x", str(tmp_path / "out.jsonl"), "--timeout-s", "nan", "--redis", "redis://127.0.0.1:1/0"]
+    assert jobs_mod.main(argv) == 2
+    assert capsys.readouterr().err == "vela2 jobs: --timeout-s must be a finite number of seconds >= 0; got nan\n"

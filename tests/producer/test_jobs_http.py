@@ -57,6 +57,24 @@ def test_create_read_and_stream_a_batch(redis_url, http_server, fake_worker):
         assert again.status_code == 200 and again.json()["status"] == "completed"
 
 
+def test_a_batch_line_with_a_lone_surrogate_or_nested_too_deeply_is_an_error_line(redis_url, http_server, fake_worker):
+    """Such a line used to make POST /v1/batches answer 500 and leave the job validating (then failed),
+    its good lines never queued: it is one invalid_request line of the job now."""
+    fake_worker()
+    base = http_server(redis_url)
+    surrogate = '{"id": "bad\\ud800", "task": "choice:x", "text": "t", "questions": [{"options": ["a", "b"]}]}'
+    with httpx.Client(base_url=base, timeout=30) as http:
+        r = http.post("/v1/batches", content=jsonl([row(0), surrogate, "[" * 5000 + "]" * 5000, row(3)]))
+        assert r.status_code == 201, r.text
+        done = wait_ended(http, r.json()["id"])
+        assert done["status"] == "completed" and done["counts"] == {
+            "queued": 0, "ok": 2, "error": 2, "expired": 0, "cancelled": 0}
+        lines = [json.loads(x) for x in http.get(f"/v1/batches/{done['id']}/output").text.splitlines()]
+        assert [x["id"] for x in lines] == ["r-0", "bad\\ud800", "line-3", "r-3"]
+        assert lines[1]["error"]["message"] == "line 2: id is not valid Unicode (lone surrogate at index 3)"
+        assert "line 3 is nested deeper than 64 levels" in lines[2]["error"]["message"]
+
+
 def test_cancel_a_batch_that_no_worker_started(redis_url, http_server, fake_worker):
     worker = fake_worker()
     worker.pause()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from producer.backfill import EXIT_REDIS_UNAVAILABLE, LineWriter, count_lines, run_backfill, scan_out
+from producer.backfill import EXIT_REDIS_UNAVAILABLE, LineWriter, count_lines, line_id, run_backfill, scan_out
 from vela2.schemas import content_id
 from vela2.wire.keys import backfill_queue, result_key, submitted_key
 from vela2.wire.messages import decode_body, decode_envelope
@@ -94,8 +94,11 @@ def test_bad_lines_duplicates_and_system_one_requests(tmp_path, redis_url, fake_
     got = {r["id"]: r for r in read_out(out)}
     assert list(Counter(r["id"] for r in read_out(out)).values()) == [1] * len(got)
     assert got["row-0"]["status"] == "ok" and got["row-0"]["answers"][0]["task"] == "choice:boolq"
+    line2, line4 = line_id(2, b"{not json", None), line_id(4, b"[1, 2]", None)  # line-<N>-<hash of the line>
+    assert line2.startswith("line-2-") and len(line2) == len("line-2-") + 12
+    got["line-2"], got["line-4"] = got.pop(line2), got.pop(line4)
     assert got["line-2"]["error"]["type"] == "invalid_request"
-    assert got["line-2"]["error"]["message"].startswith("line 2: not valid JSON")
+    assert got["line-2"]["error"]["message"].startswith("line 2 is not valid JSON: Expecting")
     assert got["row-1"]["error"] == {
         "type": "invalid_request",
         "message": "line 3: questions[0]: choice questions need at least 2 options; got 1",
@@ -487,3 +490,95 @@ def test_a_bad_retry_value_is_refused_by_name(tmp_path):
 
     with pytest.raises(InvalidRequest, match="retry must be one of errors, timeouts; got 'all'"):
         run_backfill(inp, tmp_path / "out.jsonl", retry="all")
+
+
+def test_a_real_row_called_line_n_is_never_shadowed_by_a_bad_lines_id(tmp_path, redis_url, fake_worker):
+    """A bad line used to get the id `line-<N>`: a real row called `line-1` after a bad line 1 was then
+    counted a duplicate and never scored, and a rerun skipped it as already in OUT (also after a kill
+    that had written only the bad line's error)."""
+    fake_worker()
+    inp = write_jsonl(tmp_path / "in.jsonl", [
+        "{not json",  # line 1: bad
+        row(0, id="line-1"),  # a real row whose id happens to read like a line number
+        row(0, id="line-4"),  # before the bad line 4
+        "[1, 2]",  # line 4: bad
+    ])
+    out = tmp_path / "out.jsonl"
+    s = run_backfill(inp, out, redis_url=redis_url, model=MODEL, poll_s=0.01)
+    by_id = {r["id"]: r for r in read_out(out)}
+    assert by_id["line-1"]["status"] == "ok" and by_id["line-4"]["status"] == "ok"
+    bad = {line_id(1, b"{not json", None), line_id(4, b"[1, 2]", None)}
+    assert {r["status"] for i, r in by_id.items() if i in bad} == {"error"} and len(by_id) == 4
+    assert (s.ok, s.invalid, s.duplicates) == (2, 2, 0)
+
+    # a run killed after the bad lines' errors were written, before the rows' answers: the rerun scores them
+    out.write_text("".join(json.dumps(r) + "\n" for i, r in by_id.items() if i in bad))
+    again = run_backfill(inp, out, redis_url=redis_url, model=MODEL, poll_s=0.01)
+    assert (again.skipped, again.ok, again.duplicates) == (2, 2, 0)
+    assert sorted(r["id"] for r in read_out(out)) == sorted(by_id)
+
+
+def test_a_lone_surrogate_in_an_id_or_task_is_an_error_line_not_a_crash(tmp_path, redis_url, fake_worker):
+    """Valid JSON ("\\ud800") that UTF-8 cannot write: the line used to crash the run in LineWriter (nothing
+    written, every rerun crashing on it). Now an invalid_request line naming the problem, under a
+    `line-<N>-…` id (the id as given cannot be written); the rest goes through and a rerun skips it."""
+    fake_worker()
+    bad_id = '{"id": "bad\\ud800", "task": "choice:x", "text": "t", "questions": [{"options": ["a", "b"]}]}'
+    bad_task = '{"id": "t-1", "task": "choice:x\\udc00", "text": "t", "questions": [{"options": ["a", "b"]}]}'
+    bad_s1 = ('{"id": "s\\ud800", "model": "vela2-demo", "input": "x", '
+              '"tasks": [{"name": "t", "kind": "set", "options": ["a"]}]}')
+    inp = write_jsonl(tmp_path / "in.jsonl", [row(0), bad_id, bad_task, bad_s1, row(1)])
+    out = tmp_path / "out.jsonl"
+    s = run_backfill(inp, out, redis_url=redis_url, model=MODEL, poll_s=0.01)
+    by_id = {r["id"]: r for r in read_out(out)}
+    assert by_id["row-0"]["status"] == "ok" and by_id["row-1"]["status"] == "ok"
+    refused = by_id[line_id(2, bad_id.encode(), None)]["error"]
+    assert refused == {"type": "invalid_request",
+                       "message": "line 2: id is not valid Unicode (lone surrogate at index 3)"}
+    assert by_id["t-1"]["task"] == "choice:x\\udc00"  # escaped, as predict() gives it
+    assert "task is not valid Unicode" in by_id["t-1"]["error"]["message"]
+    s1 = by_id[line_id(4, bad_s1.encode(), None)]
+    assert s1["version"] == "1" and "id is not valid Unicode" in s1["error"]["message"]
+    assert (s.ok, s.invalid, s.written) == (2, 3, 5)
+    again = run_backfill(inp, out, redis_url=redis_url, model=MODEL, poll_s=0.01)
+    assert (again.skipped, again.written) == (5, 0)
+
+
+def test_json_nested_too_deeply_or_not_utf8_is_an_error_line(tmp_path, redis_url, fake_worker):
+    """5,000 levels of [ raised RecursionError (no ValueError) out of the run; 990 levels decoded and
+    then overflowed in content_id. Both are an invalid_request line now, as is a byte that is not UTF-8."""
+    fake_worker()
+    s1_deep = ('{"model": "vela2-demo", "tasks": [{"name": "t", "kind": "set", "options": ["a"]}], "input": '
+               + '{"a": ' * 990 + '"x"' + "}" * 990 + "}")
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"\n".join([json.dumps(row(0)).encode(), b"[" * 5000 + b"]" * 5000, s1_deep.encode(),
+                                b'{"id": "x\xff"}', json.dumps(row(1)).encode()]) + b"\n")
+    out = tmp_path / "out.jsonl"
+    s = run_backfill(inp, out, redis_url=redis_url, model=MODEL, poll_s=0.01)
+    lines = read_out(out)
+    assert sorted(r["id"] for r in lines if r["status"] == "ok") == ["row-0", "row-1"]
+    errors = sorted(r["error"]["message"] for r in lines if r["status"] == "error")
+    assert errors[:2] == [f"line {n} is nested deeper than 64 levels" for n in (2, 3)]
+    assert errors[2].startswith("line 4 is not valid JSON: 'utf-8' codec can't decode byte 0xff")
+    assert (s.ok, s.invalid) == (2, 3)
+
+
+@pytest.mark.parametrize(("flag", "value", "why"), [
+    ("--poll-s", "-1", "--poll-s must be a finite number of seconds > 0; got -1"),
+    ("--timeout-s", "nan", "--timeout-s must be a finite number of seconds > 0; got nan"),
+    ("--stall-warn-s", "inf", "--stall-warn-s must be a finite number of seconds > 0; got inf"),
+    ("--redis-timeout-s", "-0.5", "--redis-timeout-s must be a finite number of seconds >= 0; got -0.5"),
+])
+def test_a_duration_flag_out_of_bounds_exits_2_naming_the_flag(tmp_path, capsys, flag, value, why):
+    """A negative --poll-s crashed in time.sleep mid-run; --timeout-s nan never timed out. Refused before
+    Redis is reached (none answers on port 1: that would exit 3), in one line."""
+    from producer.backfill import main
+    from vela2.errors import InvalidRequest
+
+    inp, out = write_jsonl(tmp_path / "in.jsonl", [row(0)]), tmp_path / "out.jsonl"
+    assert main([str(inp), str(out), "--redis", "redis://127.0.0.1:1/0", flag, value]) == 2
+    assert capsys.readouterr().err == f"vela2 backfill: {why}\n"
+    assert not out.exists()
+    name = flag[2:].replace("-", "_")
+    with pytest.raises(InvalidRequest, match=f"^{name} must be a finite number of seconds"):
+        run_backfill(inp, out, redis_url="redis://127.0.0.1:1/0", **{name: float(value)})

@@ -97,6 +97,38 @@ def test_predict_file_mixed_lines(demo_dir, demo_model, tmp_path, capsys):
     assert out[2]["tasks"]["intent"]["probs"] == pytest.approx(s1["tasks"]["intent"]["probs"], abs=1e-5)
 
 
+def test_a_line_nested_too_deeply_or_not_utf8_fails_alone(tmp_path):
+    """5,000 levels of [ (valid JSON) raised RecursionError, and one byte that is not UTF-8 a
+    UnicodeDecodeError (the file was read as UTF-8 text), out of `vela2 predict`: a traceback and no
+    output. Each fails its own line now, the lines around it decoded as before."""
+    from vela2.cli import read_jsonl
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"\n".join([json.dumps(ROW).encode(), b"[" * 5000 + b"]" * 5000, b'{"id": "x\xff"}',
+                                 b'{"id": "s\\ud800"}', b"[" * 64 + b"]" * 64]) + b"\n")
+    (first, _), deep, bad_byte, (surrogate, _), (shallow, _) = read_jsonl(str(inp))
+    assert first == ROW
+    assert deep[0] == {"id": "line-2"}
+    assert str(deep[1]) == "line 2 is nested deeper than 64 levels"
+    assert bad_byte[0] == {"id": "line-3"}
+    assert str(bad_byte[1]).startswith("line 3 is not valid JSON: 'utf-8' codec can't decode byte 0xff")
+    assert surrogate == {"id": "s\ud800"}  # decoded: predict() refuses it by name (lone surrogate)
+    assert isinstance(shallow, list)  # 64 levels: within the limit
+
+
+def test_predict_answers_around_a_deep_line_and_a_bad_byte(demo_dir, tmp_path, capsys):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_bytes(b"\n".join([json.dumps(ROW).encode(), b"[" * 5000 + b"]" * 5000, b'{"id": "x\xff"}',
+                                 json.dumps({**ROW, "id": "row-4"}).encode()]) + b"\n")
+    assert main(["predict", "--checkpoint", str(demo_dir), str(inp), "--out", str(out), "--precision", "fp32"]) == 0
+    got = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert [d["id"] for d in got] == ["row-1", "line-2", "line-3", "row-4"]
+    assert [d["status"] for d in got] == ["ok", "error", "error", "ok"]
+    assert_error_line(got[1], "line-2", "invalid_request", "line 2 is nested deeper than 64 levels")
+    assert_error_line(got[2], "line-3", "invalid_request", "line 3", "can't decode byte 0xff")
+    assert "4 lines, 2 errors" in capsys.readouterr().err
+
+
 def test_summary_on_stderr(demo_dir, tmp_path, capsys):
     run_predict(demo_dir, tmp_path, LINES, "--precision", "fp32")
     assert f"{len(LINES)} lines, 5 errors" in capsys.readouterr().err
