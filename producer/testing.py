@@ -37,7 +37,11 @@ Answers (`answer=`):
 - ``"stub"`` (default): deterministic, from the request alone. choice / score: uniform
   probabilities over the options, decision the first option, abstain_probability 0 (score adds
   `expected`, the mean of the options when all are numbers); set: 0.5 per option, decision the first
-  option; span: probability 0 per label, no spans. Stored metas carry ``"vela2_fake": "stub"`` (a
+  option; span: probability 0 per label, no spans. Every field the worker's answer has for the same
+  request is there, with the worker's types: `served_by` (`fake_digest`), `gate_fired` on PII span
+  tasks, `units` when the row asks (the text's real word offsets), raw `logits` and `render` when it
+  asks (`stub_answers`, `stub_render`); the probabilities are those logits calibrated by the
+  worker's functions. Stored metas carry ``"vela2_fake": "stub"`` (a
   real worker's never carry ``vela2_fake``; with the other answers its value is ``"model"`` or the
   answer function's name): these are no model's answers.
 - ``"model"``: the real model in this process (`vela2.predict` on `checkpoint=`, e.g. the demo
@@ -48,7 +52,8 @@ Answers (`answer=`):
   task order, each question's `task` ``"<type>:<task name>"``); return a RowResult, or one answer
   per question (an `vela2.schemas.Answer`, or a dict of its fields: `question` and `task` are filled
   in). Raising a `vela2.errors.Vela2Error` stores that error (e.g. ``ModelError`` for a failed
-  request); any other exception stores a ``model_error`` naming it.
+  request); any other exception stores a ``model_error`` naming it. Its answers are stored as
+  returned; an ok result without `served_by` gets the fake's.
 
 Two ways to run it: on demand (`drain()` answers what is queued, in the caller's thread) or in a
 thread (`start()` / `stop()`, or ``with FakeWorker(...) as worker:``), which waits for messages as
@@ -59,8 +64,9 @@ message. Nothing here imports torch (only ``answer="model"`` does, when asked).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
-import math
 import threading
 import time
 import uuid
@@ -71,23 +77,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import redis as redis_lib
 
 from producer.client import DEFAULT_MODEL
 from vela2 import systemone
-from vela2.calibration import Calibration
+from vela2.calibration import Calibration, choice_probs, expected_value, sigmoid
+from vela2.config import default_precision
 from vela2.errors import ModelError, Vela2Error
+from vela2.rendering import part_digest, split_words
 from vela2.schemas import (
     Answer,
+    ModelInfo,
     Row,
     RowResult,
     Status,
+    Units,
     cancelled_result,
     error_result,
     expired_result,
     guess_id_task,
     parse_row,
 )
+from vela2.spans import decode_spans, field_segments, rules_for
 from vela2.wire import keys
 from vela2.wire.connections import redis_client
 from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, CANCELLED_MESSAGE
@@ -136,33 +148,87 @@ class _Answered:
 # --- answers ------------------------------------------------------------------------------------
 
 
-def _numeric(options: list[str]) -> list[float] | None:
-    """The options as finite floats when every one is (the worker's rule for `expected`), else None."""
-    try:
-        values = [float(o) for o in options]
-    except ValueError:
-        return None
-    return values if all(math.isfinite(v) for v in values) else None
+def _never_logit(temperature: float) -> float:
+    """A raw logit whose calibrated probability is exactly 0 at `temperature` (exp underflows below
+    -745): the stub's [ABS] and span-word logits, so its probabilities 0 follow from its logits."""
+    return -1000.0 * max(1.0, temperature)
 
 
-def stub_answers(row: Row) -> list[Answer]:
-    """The stub's answers to a row: one per question, from the question alone (module docstring)."""
+def _stub_span(row: Row, i: int, task: str, offsets: np.ndarray, cal: Calibration) -> Answer:
+    """A span answer with probability 0 for every word and label (logits `_never_logit`), no spans, and
+    the worker's `gate_fired` (PII tasks: the real decoder's sparse gate on those probabilities) and
+    `units` (the text's real word offsets) when the row asks."""
+    labels = row.questions[i].labels or []
+    logits = np.full((offsets.shape[0], len(labels)), _never_logit(cal.T_span), dtype=np.float32)  # (W, K)
+    probs = sigmoid(logits.astype(np.float64) / cal.T_span)  # (W, K), all 0
+    seg = field_segments(row, offsets, row.questions[i].fields)
+    _, gate = decode_spans(row.text, offsets, probs, labels, rules_for(cal, task, labels), seg)
+    visible = probs if seg is None else probs[seg >= 0]  # a label's probability: its max over allowed words
+    answer = Answer(question=i, task=task, spans=[], gate_fired=gate if cal.is_pii(task) else None,
+                    probs={lab: float(visible[:, k].max()) if len(visible) else 0.0 for k, lab in enumerate(labels)})
+    if row.units:
+        answer.units = Units(
+            offsets=[(s, e) for s, e in offsets.tolist()],
+            probs={lab: probs[:, k].tolist() for k, lab in enumerate(labels)},
+            logits={lab: logits[:, k].tolist() for k, lab in enumerate(labels)} if row.logits else None,
+        )
+    return answer
+
+
+def _stub_options(row: Row, i: int, task: str, cal: Calibration) -> Answer:
+    """A choice / score / set answer: raw logits 0 per option ([ABS] `_never_logit`), calibrated as the
+    worker calibrates them (uniform, abstain 0; set: 0.5 each); decision the first option."""
+    kind = task.split(":", 1)[0]
+    options = row.questions[i].options or []
+    fields: dict[str, Any] = {}
+    if kind == "set":
+        logits = np.zeros(len(options), dtype=np.float32)  # (options,): set has no [ABS]
+        probs = sigmoid(logits.astype(np.float64) / cal.T_set)
+        fields["decision"] = options[:1]
+    else:
+        t = cal.temperature(task)
+        logits = np.array([0.0] * len(options) + [_never_logit(t)], dtype=np.float32)  # (options + [ABS],)
+        probs, fields["abstain_probability"] = choice_probs(logits, t, len(options))
+        fields["decision"] = options[0]
+        if kind == "score":
+            fields["expected"] = expected_value(options, probs)
+    if row.logits:
+        fields["logits"] = logits.tolist()
+    return Answer(question=i, task=task, probs=dict(zip(options, probs.tolist(), strict=True)), **fields)
+
+
+def stub_answers(row: Row, calibration: Calibration | None = None) -> list[Answer]:
+    """The stub's answers to a row: one per question, from the question alone (module docstring),
+    with every field the worker's answer has for that row (`gate_fired`, `units`, `logits`), its
+    probabilities calibrated from its logits by `calibration` (default: calibration.json's defaults)."""
+    cal = calibration or Calibration()
+    offsets: np.ndarray | None = None  # the text's words, split once and only when a span answer needs them
     out = []
-    for i, q in enumerate(row.questions):
+    for i in range(len(row.questions)):
         task = row.question_task(i)
-        kind = task.split(":", 1)[0]
-        if kind == "span":
-            out.append(Answer(question=i, task=task, probs=dict.fromkeys(q.labels or [], 0.0), spans=[]))
-        elif kind == "set":
-            options = q.options or []
-            out.append(Answer(question=i, task=task, probs=dict.fromkeys(options, 0.5), decision=options[:1]))
+        if task.startswith("span:"):
+            offsets = split_words(row.text) if offsets is None else offsets
+            out.append(_stub_span(row, i, task, offsets, cal))
         else:
-            options = q.options or []
-            numbers = _numeric(options) if kind == "score" else None
-            out.append(Answer(question=i, task=task, probs=dict.fromkeys(options, 1.0 / len(options)),
-                              decision=options[0], abstain_probability=0.0,
-                              expected=sum(numbers) / len(numbers) if numbers else None))
+            out.append(_stub_options(row, i, task, cal))
     return out
+
+
+def stub_render(row: Row) -> dict[str, Any]:
+    """The `render` digests of a row that asks for logits, with vela2.rendering.render_digest's keys:
+    `offsets` is the worker's own (the same word split); the others need the tokenizer, so
+    `sequences` is 1 and the token digests are the stub's own, never equal to a worker's."""
+    out: dict[str, Any] = {"sequences": 1}
+    for part in ("input_ids", "position_ids", "parts", "blocks", "word_positions"):
+        out[part] = part_digest([FAKE_META_KEY, STUB, part, row.text])
+    out["offsets"] = part_digest(split_words(row.text).tolist())
+    return out
+
+
+def fake_digest(kind: str, model: str) -> str:
+    """The checkpoint digest in the `served_by` of a fake's answers (32 hex digits like
+    vela2.checkpoint.digest, of the fake's kind and model name): no checkpoint has it."""
+    return hashlib.blake2b(f"{FAKE_META_KEY}:{kind}:{model}".encode(), digest_size=16).hexdigest()
 
 
 def model_answerer(checkpoint: str | Path, *, device: str = "cpu", precision: str | None = None) -> Any:
@@ -239,9 +305,15 @@ class FakeWorker:
         self.model = model
         self.kind, self._answer = self._answer_fn(answer, checkpoint, device, precision)
         self.calibration = calibration or getattr(self._answer, "calibration", None) or Calibration()
+        if self._answer is stub_answers:  # calibrates its logits as the worker would with this calibration
+            self._answer = functools.partial(stub_answers, calibration=self.calibration)
         # the name SystemOne requests must give: the loaded checkpoint's with answer="model" (as the worker's
         # check, whatever its queues are named), else `model`
         self.served = getattr(self._answer, "model_name", model)
+        # what an ok answer's `served_by` names when the answer did not name it (the stub, a callable);
+        # answer="model" answers carry the checkpoint's own (vela2.predict)
+        self.served_by = ModelInfo(name=self.served, digest=fake_digest(self.kind, self.served),
+                                   precision=precision or default_precision(device))
         self.store = ResultStore(self.redis, ttl_s=result_expires_s)
         self.queues = [lst for q in keys.queues(model) for lst in keys.priority_lists(q)]  # taking order
         # The thread takes an item by moving it onto a list of its own (LMOVE), and removes it from there
@@ -574,7 +646,15 @@ class FakeWorker:
         except Exception as e:  # a failing answer function: the request fails, as a model error would
             raise ModelError(f"the answer function raised {type(e).__name__}: {e}") from e
         ms = (time.perf_counter() - t0) * 1e3
-        return _as_result(rid, row, got, {"queue_ms": 0.0, "render_ms": 0.0, "model_ms": ms, "decode_ms": 0.0})
+        res = _as_result(rid, row, got, {"queue_ms": 0.0, "render_ms": 0.0, "model_ms": ms, "decode_ms": 0.0})
+        if res.status != Status.ok:
+            return res
+        update: dict[str, Any] = {}
+        if res.served_by is None:  # every answer the worker's model makes names it
+            update["served_by"] = self.served_by
+        if self.kind == STUB and row.logits and res.render is None:
+            update["render"] = stub_render(row)
+        return res.model_copy(update=update) if update else res
 
 
 # --- assertions -----------------------------------------------------------------------------------
@@ -597,5 +677,5 @@ def assert_ok(answer: Any) -> Any:
                          f"{err.get('type', '?')}: {err.get('message', '(no message)')}")
 
 
-__all__ = ["FAKE_META_KEY", "MODEL", "STUB", "AnswerFn", "Drained", "FakeWorker", "assert_ok", "model_answerer",
-           "stub_answers"]
+__all__ = ["FAKE_META_KEY", "MODEL", "STUB", "AnswerFn", "Drained", "FakeWorker", "assert_ok", "fake_digest",
+           "model_answerer", "stub_answers", "stub_render"]

@@ -7,8 +7,6 @@ its own scheduling (buffering, buckets, retries). Nothing here knows about queue
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -23,9 +21,9 @@ from vela2.calibration import choice_probs, expected_value, sigmoid
 from vela2.errors import ModelError
 from vela2.modeling import HeadInputs, Vela2Model
 from vela2.packing import plan_rows
-from vela2.rendering import RenderedRow, Sequence, render_row
+from vela2.rendering import RenderedRow, Sequence, render_digest, render_row
 from vela2.schemas import Answer, ModelInfo, Row, RowResult, SpanOut, Status, Units, parse_row, split_task
-from vela2.spans import decode_spans, rules_for
+from vela2.spans import decode_spans, field_segments, rules_for
 
 
 @dataclass
@@ -296,25 +294,12 @@ def pool_option_windows(outputs: list[SeqOutput], question: int) -> np.ndarray:
     return np.mean(np.stack([o.options[question] for o in outputs]), axis=0)
 
 
-def _segments(row: Row, offsets: np.ndarray, allowed: list[str] | None) -> np.ndarray | None:
-    """Field id per word (-1 outside any allowed field), or None when the row has no fields."""
-    if not row.fields:
-        return None
-    seg = np.full(offsets.shape[0], -1, dtype=np.int64)
-    for f_i, f in enumerate(row.fields):
-        if allowed is not None and f.name not in allowed:
-            continue
-        inside = (offsets[:, 0] >= f.start) & (offsets[:, 1] <= f.end)
-        seg[inside] = f_i
-    return seg
-
-
 def _span_answer(model: Vela2Model, prep: Prepared, q: int, task: str, logits: np.ndarray) -> Answer:
     row, offsets = prep.row, prep.rendered.offsets
     labels = row.questions[q].labels or []
     cal = model.calibration
     probs = sigmoid(logits.astype(np.float64) / cal.T_span)  # (W, K)
-    seg = _segments(row, offsets, row.questions[q].fields)
+    seg = field_segments(row, offsets, row.questions[q].fields)
     spans, gate = decode_spans(row.text, offsets, probs, labels, rules_for(cal, task, labels), seg)
     if row.fields:
         spans = [_to_field(s, row) for s in spans]
@@ -393,20 +378,3 @@ def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings:
                      served_by=ModelInfo(name=model.name, digest=model.digest, precision=precision))
 
 
-def render_digest(rendered: RenderedRow) -> dict[str, Any]:
-    """Short hashes of each part of a rendering, so two paths' renders can be compared column by
-    column (`vela2 parity`): token ids, position ids, part ids, blocks, word positions, offsets.
-    """
-    def h(obj: Any) -> str:
-        return hashlib.sha256(json.dumps(obj, separators=(",", ":")).encode()).hexdigest()[:16]
-
-    seqs = rendered.sequences
-    return {
-        "sequences": len(seqs),
-        "input_ids": h([s.input_ids for s in seqs]),
-        "position_ids": h([s.position_ids for s in seqs]),
-        "parts": h([s.parts for s in seqs]),
-        "blocks": h([[(b.question, b.task, b.start, b.end, b.markers) for b in s.blocks] for s in seqs]),
-        "word_positions": h([(s.word_start, s.word_positions) for s in seqs]),
-        "offsets": h(rendered.offsets.tolist()),
-    }

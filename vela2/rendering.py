@@ -22,9 +22,12 @@ are tokenized as the plain text they are (`plain_text_tokenizer`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import regex
@@ -338,3 +341,24 @@ def renderer_for(tokenizer, config: Vela2Config, default_questions: dict[str, st
 def render_row(row: Row, tokenizer, config: Vela2Config, default_questions: dict[str, str]) -> RenderedRow:
     """Render one validated row into its sequences (one per window). Pure and deterministic."""
     return renderer_for(tokenizer, config, default_questions).render(row)
+
+
+def part_digest(obj: Any) -> str:
+    """The short hash (16 hex digits of SHA-256 over compact JSON) of one part of a rendering."""
+    return hashlib.sha256(json.dumps(obj, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def render_digest(rendered: RenderedRow) -> dict[str, Any]:
+    """Short hashes of each part of a rendering, so two paths' renders can be compared column by
+    column (`vela2 parity`): token ids, position ids, part ids, blocks, word positions, offsets.
+    """
+    seqs = rendered.sequences
+    return {
+        "sequences": len(seqs),
+        "input_ids": part_digest([s.input_ids for s in seqs]),
+        "position_ids": part_digest([s.position_ids for s in seqs]),
+        "parts": part_digest([s.parts for s in seqs]),
+        "blocks": part_digest([[(b.question, b.task, b.start, b.end, b.markers) for b in s.blocks] for s in seqs]),
+        "word_positions": part_digest([(s.word_start, s.word_positions) for s in seqs]),
+        "offsets": part_digest(rendered.offsets.tolist()),
+    }

@@ -36,12 +36,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from vela2.calibration import GENERIC_SPAN_THRESHOLD, Calibration
-from vela2.schemas import SpanOut
+from vela2.schemas import Row, SpanOut
 
 logger = logging.getLogger(__name__)
 
 OVERLAP_POLICIES = ("flat", "nested")
 EXCLUDED_SEGMENT = -1  # segment id of words that may not be in any span (e.g. field headers)
+
+
+def field_segments(row: Row, offsets: np.ndarray, allowed: list[str] | None) -> np.ndarray | None:
+    """Field id per word (EXCLUDED_SEGMENT outside any allowed field; `offsets` (W, 2)), or None
+    when the row has no fields: the segments decode_spans keeps a span within."""
+    if not row.fields:
+        return None
+    seg = np.full(offsets.shape[0], EXCLUDED_SEGMENT, dtype=np.int64)
+    for f_i, f in enumerate(row.fields):
+        if allowed is None or f.name in allowed:
+            seg[(offsets[:, 0] >= f.start) & (offsets[:, 1] <= f.end)] = f_i
+    return seg
 
 
 @dataclass(frozen=True)

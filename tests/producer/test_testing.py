@@ -373,3 +373,75 @@ def test_a_redis_restart_between_taking_and_answering_loses_nothing(vela2_client
         results = vela2_client.results_many(ids, timeout_s=10)
     assert all(r is not None and r.status == "ok" for r in results.values())
     assert worker.redis_errors == 1 and len(calls) == 4  # the interrupted item read again, then answered
+
+
+def _assert_same_shape(a, b, path="answer"):
+    """`a` and `b` have the same keys and value types, recursively (timings: the same keys): what code
+    reading an answer relies on. Lists (spans, a set's decision) may differ in length; their items may not."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
+        for k in a:
+            if k != "timings":
+                _assert_same_shape(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        pairs = zip(a, b, strict=True) if len(a) == len(b) else ((x, y) for x in a for y in b)
+        for i, (x, y) in enumerate(pairs):
+            _assert_same_shape(x, y, f"{path}[{i}]")
+    else:
+        assert type(a) is type(b), f"{path}: {type(a).__name__} {a!r} != {type(b).__name__} {b!r}"
+
+
+def test_stub_answers_have_the_fields_and_types_of_the_models(vela2_redis, untrained_demo_dir):
+    """For the same requests the stub's answers have every key the model's have (predict(), which the
+    real worker's answers equal: test above), with the same types and the lengths the request fixes: served_by,
+    gate_fired on PII spans, units and logits when asked, render with logits; and the stub's numbers are consistent."""
+    import numpy as np
+
+    from vela2.calibration import Calibration, choice_probs, sigmoid
+    from vela2.rendering import split_words
+
+    requests = [{**ROW, "logits": True},
+                {"id": "r-score", "task": "score:q", "text": "x y", "logits": True,
+                 "questions": [{"options": ["1", "2", "4"]}, {"options": ["a", "b"], "task": "set:s"}]},
+                {"id": "r-pii", "task": "span:pii", "text": "I am Ann Lee, ann@example.com", "units": True,
+                 "questions": [{"labels": ["person", "email"]}]},
+                {"id": "r-pii-logits", "task": "span:pii", "text": "Café Müller, 東京 ok", "units": True,
+                 "logits": True, "questions": [{"labels": ["person"]}, {"labels": ["place"], "task": "span:places"}]},
+                {**S1, "units": True}]
+    got = {}
+    for kind in ("stub", "model"):
+        redis = vela2_redis.client()
+        redis.flushdb()
+        client = Client(redis=redis, model=MODEL)
+        worker = FakeWorker(redis, answer=kind, **({"checkpoint": untrained_demo_dir} if kind == "model" else {}))
+        ids = client.submit_many(requests)
+        assert worker.drain().answered == len(requests)
+        got[kind] = client.answers_many(ids, timeout_s=0)
+    stub, model = got["stub"], got["model"]
+    for rid in stub:
+        _assert_same_shape(assert_ok(stub[rid]), assert_ok(model[rid]), rid)
+        mine_all, want_all = (r.get("answers") or list(r["tasks"].values()) for r in (stub[rid], model[rid]))
+        # the lists whose length the request fixes: one logit per option, units per word
+        for mine, want in zip(mine_all, want_all, strict=True):
+            assert len(mine.get("logits", [])) == len(want.get("logits", [])), rid
+            if "units" in want:
+                assert mine["units"]["offsets"] == want["units"]["offsets"], rid  # the worker's word split
+                for part in ("probs", "logits"):
+                    lengths = [{k: len(v) for k, v in (x["units"].get(part) or {}).items()} for x in (mine, want)]
+                    assert lengths[0] == lengths[1], (rid, part)
+        assert stub[rid]["served_by"]["precision"] == model[rid]["served_by"]["precision"] == "fp32"
+    assert stub["r-pii"]["answers"][0]["gate_fired"] is False and "gate_fired" not in stub["r-pii-logits"]["answers"][1]
+    assert stub["r-1"]["render"]["offsets"] == model["r-1"]["render"]["offsets"]  # the worker's word split
+    cal = Calibration()  # the stub's probabilities are its logits, calibrated as the worker calibrates them
+    for rid in ("r-1", "r-score"):
+        answer = stub[rid]["answers"][0]
+        probs, abstain = choice_probs(np.array(answer["logits"]), cal.temperature(answer["task"]), len(answer["probs"]))
+        assert list(answer["probs"].values()) == probs.tolist() and answer["abstain_probability"] == abstain == 0.0
+    assert stub["r-score"]["answers"][1]["probs"] == {"a": 0.5, "b": 0.5}
+    assert stub["r-score"]["answers"][1]["logits"] == [0.0, 0.0]
+    for answer in stub["r-pii-logits"]["answers"]:
+        units = answer["units"]
+        assert units["offsets"] == split_words("Café Müller, 東京 ok").tolist()
+        for label, logits in units["logits"].items():
+            assert units["probs"][label] == sigmoid(np.array(logits) / cal.T_span).tolist() == [0.0] * 6
+    assert stub["s-1"]["tasks"]["pii"]["units"]["offsets"] == model["s-1"]["tasks"]["pii"]["units"]["offsets"]
