@@ -83,8 +83,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     precision = args.precision or default_precision(args.device)  # the worker's default: bf16 on CUDA, else fp32
     model = _load(args.checkpoint, args.device, precision)
     lines = read_jsonl(args.input)
-    objs = [dict(obj, units=True) if args.units and isinstance(obj, dict) and "text" in obj else obj
-            for obj, err in lines if err is None]
+    # --units: rows and SystemOne requests both take a top-level `units`
+    objs = [dict(obj, units=True) if args.units and isinstance(obj, dict) else obj for obj, err in lines if err is None]
     answers = iter(predict_mixed(model, objs, precision=precision, max_batch_tokens=args.max_batch_tokens))
     n_err = 0
     with contextlib.ExitStack() as stack:

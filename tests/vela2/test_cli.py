@@ -155,6 +155,16 @@ def test_units_on_a_long_row(demo_dir, tmp_path):
     assert "units" not in out[1]["answers"][0]  # choice answers have no word units
 
 
+def test_units_flag_reaches_system_one_lines(demo_dir, tmp_path):
+    """Found by review: --units was added to rows only, silently not to SystemOne requests."""
+    from vela2.systemone import render_input
+
+    out = run_predict(demo_dir, tmp_path, [json.dumps(S1)], "--units", "--precision", "fp32")
+    tasks = out[0]["tasks"]
+    assert tasks["pii"]["units"]["offsets"] == split_words(render_input(S1["input"])[0]).tolist()
+    assert "units" not in tasks["intent"]
+
+
 def test_units_on_the_row_without_the_flag(demo_dir, tmp_path):
     out = run_predict(
         demo_dir, tmp_path, [json.dumps({**SPAN_ROW, "units": True}), json.dumps(SPAN_ROW)], "--precision", "fp32"
