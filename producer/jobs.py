@@ -26,10 +26,12 @@ Memory: `submit_job` streams its input (PUSH_LINES lines at a time) and `job_lin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -54,6 +56,8 @@ from vela2.wire.jobs import (
     JOB_FIELDS,
     KIND_OPENAI,
     KIND_ROW,
+    SUBMIT_BEAT_S,
+    SUBMIT_STALE_S,
     JobInfo,
     ids_entry,
     job_keys,
@@ -241,10 +245,13 @@ def submit_job(
         raise InvalidRequest(f"window_s is {window_s!r}; it must be > 0 and at most {LIMITS.max_deadline_s:,.0f} s")
     if chunk_size < 1:
         raise InvalidRequest(f"chunk_size must be at least 1; got {chunk_size}")
-    meta = json.dumps(metadata or {}, ensure_ascii=False, separators=(",", ":"))
-    if len(meta.encode("utf-8", "surrogatepass")) > MAX_METADATA_BYTES:
-        raise InvalidRequest(f"metadata has {len(meta.encode('utf-8', 'surrogatepass')):,} bytes of JSON; "
-                             f"limit {MAX_METADATA_BYTES:,}")
+    try:  # standard JSON that UTF-8 can write: every reader (HTTP included) can serve it back
+        meta = json.dumps(metadata or {}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        n_bytes = len(meta.encode("utf-8"))
+    except (TypeError, ValueError) as e:  # NaN / Infinity, a lone surrogate, a value JSON cannot hold
+        raise InvalidRequest(f"metadata is not standard JSON text: {e}") from None
+    if n_bytes > MAX_METADATA_BYTES:
+        raise InvalidRequest(f"metadata has {n_bytes:,} bytes of JSON; limit {MAX_METADATA_BYTES:,}")
     caller_id = new_job_id()
     job = client.scope.wire(caller_id)
     created = _now()
@@ -264,10 +271,34 @@ def submit_job(
         on_created(caller_id)
     sub = _Submitter(client, job, chunk_size=chunk_size, expires=created + window_s, ttl_s=ttl_s,
                      result_ttl_s=result_ttl_s)
-    for lineno, raw in enumerate(lines, 1):
-        sub.add(lineno, raw)
+    with _beating(client, sub.keys[0]):  # alive while it reads, however slowly its input comes
+        for lineno, raw in enumerate(lines, 1):
+            sub.add(lineno, raw)
     sub.finish()
     return sub.summary
+
+
+@contextlib.contextmanager
+def _beating(client: Client, key: str) -> Iterator[None]:
+    """Refresh the job's `beat` every SUBMIT_BEAT_S from a thread while the body runs: a job reads
+    `failed` after SUBMIT_STALE_S without one, and a slow input (a generator, a pipe) may go that
+    long between two pushes of PUSH_LINES lines. A beat that fails is left to the next one."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(SUBMIT_BEAT_S):
+            try:
+                client.redis.hset(key, "beat", _now())
+            except Exception as e:  # noqa: BLE001 - the submitter's own round trips raise what matters
+                log.warning("job beat failed: %s", e)
+
+    thread = threading.Thread(target=beat, name="vela2-job-beat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _job_key(client: Client, job_id: str) -> str:
@@ -298,7 +329,7 @@ def cancel_job(client: Client, job_id: str) -> JobInfo:
     (without running it); those running finish and keep their answer; the job ends `cancelled`
     once all are answered. A job that has ended stays as it is. Returns the record after the call;
     JobNotFound when there is none."""
-    code = client.redis.eval(CANCEL_JOB_SCRIPT, 1, _job_key(client, job_id), _now())
+    code = client.redis.eval(CANCEL_JOB_SCRIPT, 1, _job_key(client, job_id), _now(), SUBMIT_STALE_S)
     if code == -1:
         raise JobNotFound(f"no job {job_id!r} (never created, another tenant's, or expired with its results)")
     return job_info(client, job_id)

@@ -174,6 +174,58 @@ def test_status_is_derived_in_one_place_validating_then_failed_when_the_submitte
     assert job_info(client, done.id).status == "failed"
 
 
+def test_a_failed_job_stays_failed_when_cancelled(redis, client):
+    """Found by review: a cancel on a job whose submitter was gone made it `cancelling` for ever
+    (its input can never be done, so it could never end)."""
+    from producer.jobs import cancel_job
+
+    created: list[str] = []
+
+    def gen():
+        yield json.dumps(row(1)).encode()
+        redis.hset(job_key(created[0]), "beat", time.time() - SUBMIT_STALE_S - 1)  # as if killed here
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        submit_job(client, gen(), on_created=created.append)
+    assert job_info(client, created[0]).status == "failed"
+    assert cancel_job(client, created[0]).status == "failed"
+    assert redis.hget(job_key(created[0]), "cancel_at") is None
+    # a cancel asked while it was alive: once its submitter is gone it is failed too, not cancelling
+    live = submit_job(client, lines([row(2)]))
+    redis.hset(job_key(live.id), mapping={"input": "reading", "beat": time.time()})
+    assert cancel_job(client, live.id).status == "cancelling"
+    redis.hset(job_key(live.id), "beat", time.time() - SUBMIT_STALE_S - 1)
+    assert job_info(client, live.id).status == "failed"
+
+
+def test_a_slow_input_keeps_its_job_beating(redis, client, monkeypatch):
+    """Found by review: the beat came only with each push of PUSH_LINES lines, so a live submitter
+    reading a slow input read `failed` after SUBMIT_STALE_S."""
+    monkeypatch.setattr(jobs_mod, "SUBMIT_BEAT_S", 0.02)
+    created: list[str] = []
+
+    def gen():
+        yield json.dumps(row(1)).encode()
+        first = float(redis.hget(job_key(created[0]), "beat"))
+        deadline = time.monotonic() + 10
+        while float(redis.hget(job_key(created[0]), "beat")) <= first:  # no push in between: the thread's beat
+            assert time.monotonic() < deadline, "no beat while the input was slow"
+            time.sleep(0.01)
+        yield json.dumps(row(2)).encode()
+
+    done = submit_job(client, gen(), on_created=created.append)
+    assert done.lines == 2 and job_info(client, done.id).status in ("in_progress", "completed")
+
+
+@pytest.mark.parametrize("metadata", [{"x": float("nan")}, {"x": float("inf")}, {"x": "\ud800"}])
+def test_metadata_that_is_not_standard_json_is_refused(redis, client, metadata):
+    """Found by review: NaN metadata made GET /v1/batches/{id} a 500; a lone surrogate a traceback."""
+    with pytest.raises(InvalidRequest, match="metadata is not standard JSON text"):
+        submit_job(client, lines([row(1)]), metadata=metadata)
+    assert not redis.keys("vela2:job:*")
+
+
 def test_list_and_tenants_and_unknown_jobs(redis, client):
     a = submit_job(client, lines([row(1)])).id
     b = submit_job(client, lines([row(2)])).id

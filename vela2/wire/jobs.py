@@ -44,6 +44,7 @@ ENDED = ("completed", "cancelled", "expired", "failed")  # job statuses after wh
 STATUSES = ("validating", "in_progress", "cancelling", *ENDED)
 DEFAULT_WINDOW_S = 86_400  # a job's completion window: its requests expire unscored after it
 SUBMIT_STALE_S = 60.0  # a submitter silent this long before its input is done is gone (status failed)
+SUBMIT_BEAT_S = 10.0  # how often a live submitter beats while it reads its input, however slowly
 
 # Ends the job when its input is done and every line is answered (a job hash KEYS[job], its ids list
 # KEYS[ids], ARGV now / ttl). Shared by the store and finish-input scripts below.
@@ -112,11 +113,16 @@ redis.call('HSET', KEYS[1], 'input', 'done', 'beat', ARGV[1])
 return finish(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
 """
 
-# Ask a job to cancel (KEYS job; ARGV now): -1 no such job; 0 it had ended already; 1 cancel asked now
+# Ask a job to cancel (KEYS job; ARGV now, SUBMIT_STALE_S): -1 no such job; 0 it had ended already (a
+# stored status, or `failed`: its submitter gone before its input was done); 1 cancel asked now
 # (or earlier). Workers answer its requests not yet started `cancelled`; the job ends `cancelled`.
 CANCEL_JOB_SCRIPT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if redis.call('HEXISTS', KEYS[1], 'status') == 1 then return 0 end
+if redis.call('HGET', KEYS[1], 'input') ~= 'done' then
+  local beat = tonumber(redis.call('HGET', KEYS[1], 'beat') or '0') or 0
+  if tonumber(ARGV[1]) - beat > tonumber(ARGV[2]) then return 0 end
+end
 redis.call('HSETNX', KEYS[1], 'cancel_at', ARGV[1])
 return 1
 """
@@ -233,12 +239,11 @@ def job_status(fields: dict[str, Any], now: float) -> str:
     stored = fields.get("status")
     if stored:
         return str(stored)
+    if fields.get("input") != "done" and now - (_num(fields.get("beat")) or 0.0) > SUBMIT_STALE_S:
+        return "failed"  # ended: its input will never be done, a cancel included (CANCEL_JOB_SCRIPT)
     if fields.get("cancel_at"):
         return "cancelling"
-    if fields.get("input") != "done":
-        beat = _num(fields.get("beat")) or 0.0
-        return "failed" if now - beat > SUBMIT_STALE_S else "validating"
-    return "in_progress"
+    return "validating" if fields.get("input") != "done" else "in_progress"
 
 
 JOB_FIELDS = ("id", "model", "created_at", "deadline", "window_s", "metadata", "input", "beat", "total",
