@@ -169,7 +169,7 @@ BAD_REQUESTS = {
     "question too long": (
         req(tasks=[task("choice", question="q" * (LIMITS.max_question_chars + 1))]),
         LimitExceeded,
-        ["tasks[0].question", str(LIMITS.max_question_chars)],
+        [f"tasks[0].question has {LIMITS.max_question_chars + 1:,} characters; limit {LIMITS.max_question_chars:,}"],
     ),
     "other version": (req(version="2"), InvalidRequest, ["version '2' is not supported"]),
     "unknown key": (req(priority=3), InvalidRequest, ["priority: unknown field"]),
