@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("hf_dir", help="directory with config.json, *.safetensors and tokenizer.json")
     s.add_argument("out")
     s.add_argument("--name", help="model name (default: the directory's name)")
-    s.add_argument("--window", type=int, default=None, help="max_window_tokens (default 2048)")
+    s.add_argument("--window", type=int, default=None,
+                   help="max_window_tokens (default: min(2048, the model's max_position_embeddings))")
     s.set_defaults(func=cmd_import)
 
     for name, ep in sorted(plugins().items()):

@@ -40,7 +40,7 @@ import torch
 
 from vela2.calibration import Calibration, sigmoid, softmax
 from vela2.config import DEFAULT_MAX_BATCH_TOKENS
-from vela2.errors import Vela2Error
+from vela2.errors import InvalidRequest, Vela2Error
 from vela2.schemas import Row, guess_id_task, parse_row, split_task
 
 logger = logging.getLogger(__name__)
@@ -594,17 +594,28 @@ def calibrate(
 
 
 def read_jsonl(path: str | Path) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Rows of a JSONL file (blank lines skipped) and {"id": None, "line", "reason"} for bad JSON lines."""
+    """Rows of a JSONL file (blank lines skipped) and {"id": None, "line", "reason"} for bad lines.
+
+    The file is read as bytes and each line decoded on its own (`decode_json`, as the CLI's predict
+    and backfill do): invalid JSON, a byte that is not UTF-8, or JSON nested deeper than 64 levels
+    makes that line a bad row, not the whole file fail."""
+    from vela2.wire.messages import decode_json
+
     rows: list[Any] = []
     bad: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                bad.append({"id": None, "line": n, "reason": f"invalid JSON: {e}"})
+                line.decode("utf-8")  # json.loads of bytes would also take UTF-16 / UTF-32
+                rows.append(decode_json(line, f"line {n}"))
+            except UnicodeDecodeError as e:
+                bad.append({"id": None, "line": n, "reason": f"not valid UTF-8: {e.reason} at byte {e.start}"})
+            except InvalidRequest as e:  # "line N is not valid JSON: ..." / "... nested deeper than 64 levels"
+                reason = str(e).removeprefix(f"line {n} is ").removeprefix("not valid JSON: ")
+                reason = "invalid JSON: " + reason
+                bad.append({"id": None, "line": n, "reason": reason})
     return rows, bad
 
 

@@ -2,7 +2,10 @@
 
 The directory holds config.json (a supported `model_type`), safetensors weights (one file or shards
 with `model.safetensors.index.json`) and tokenizer.json (a fast tokenizer). The import:
-- adds the special tokens of `SpecialTokens` to the tokenizer (tokens it already has keep their ids);
+- adds the special tokens of `SpecialTokens` to the tokenizer (tokens it already has keep their ids) and
+  writes it with truncation and padding off (the renderer windows and pads by itself);
+- refuses a tokenizer with ids past the model's embedding (vocab_size), except the special tokens the
+  import adds: those ids would have no trained embedding row;
 - streams the weights tensor by tensor: renamed `model.*` -> `backbone.*` (the causal LM head is
   dropped: the scorer reads hidden states), cast by the release rule (backbone Linear weights bf16,
   the rest fp32), the embedding resized to the new vocabulary with new rows = the mean embedding;
@@ -18,13 +21,13 @@ import logging
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from vela2.calibration import Calibration
 from vela2.checkpoint import INDEX, WEIGHTS, _bf16_weight_names, make_readable, weight_files
-from vela2.config import HeadsConfig, SpecialTokens, Vela2Config
+from vela2.config import LIMITS, HeadsConfig, SpecialTokens, Vela2Config
 from vela2.errors import CheckpointError
 from vela2.modeling import OptionHead, SpanHead, Vela2Model, build_backbone
 
@@ -45,11 +48,20 @@ def read_hf_config(hf_dir: Path) -> dict:
     path = hf_dir / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist: not a transformers model directory")
-    cfg = json.loads(path.read_text())
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"{path} is not readable JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path} must hold a JSON object; got {type(cfg).__name__}")
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise CheckpointError(f"model_type {model_type!r} is not supported; supported: "
                               f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    for key in ("vocab_size", "hidden_size"):
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CheckpointError(f"{path}: {key} must be a positive integer; got {value!r}")
     return cfg
 
 
@@ -60,7 +72,10 @@ def read_tokenizer(hf_dir: Path) -> Tokenizer:
         others = sorted(p.name for p in hf_dir.glob("tokenizer*")) or ["none"]
         raise CheckpointError(f"{path} does not exist (tokenizer files found: {', '.join(others)}); a fast "
                               "tokenizer is needed: AutoTokenizer.from_pretrained(...).save_pretrained(...) writes it")
-    tok = Tokenizer.from_file(str(path))
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises plain Exception for a corrupt file
+        raise CheckpointError(f"{path} is not a readable fast tokenizer: {str(e)[:300]}") from None
     check_offsets(tok)
     return tok
 
@@ -74,6 +89,25 @@ def check_offsets(tok: Tokenizer) -> None:
     if not offsets or covered == 0 or any(not 0 <= s <= e <= len(_OFFSET_PROBE) for s, e in offsets):
         raise CheckpointError(f"the tokenizer gives no usable character offsets (a probe of {len(_OFFSET_PROBE)} "
                               f"characters got {len(offsets)} tokens covering {covered} characters)")
+
+
+def _ids_past_embedding(tok: Tokenizer, vocab_size: int, allowed: set[str]) -> list[int]:
+    """Ids of `tok` at or past `vocab_size` (no row in the model's embedding) whose token is not in `allowed`."""
+    return sorted(i for t, i in tok.get_vocab(with_added_tokens=True).items() if i >= vocab_size and t not in allowed)
+
+
+def default_name(hf_dir: Path) -> str:
+    """The model name of an import without --name: the name of the resolved directory (so `.` works)."""
+    return hf_dir.resolve().name
+
+
+def check_name(name: str) -> None:
+    """CheckpointError unless `name` can name a model (requests name it; its queues and keys carry it)."""
+    if not name.strip():
+        raise CheckpointError(f"the model name {name!r} is empty; pass --name")
+    if len(name) > LIMITS.max_id_chars:
+        raise CheckpointError(f"the model name has {len(name):,} characters; limit {LIMITS.max_id_chars:,} "
+                              "(pass a shorter --name)")
 
 
 def _target_name(name: str) -> str | None:
@@ -99,22 +133,40 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
     tok = read_tokenizer(hf_dir)
     if out.exists() and any(out.iterdir()):
         raise CheckpointError(f"{out} is not empty; import writes a new checkpoint directory")
+    name = default_name(hf_dir) if name is None else name
+    check_name(name)
     specials = SpecialTokens()
     old_vocab = int(hf_cfg["vocab_size"])
-    added = tok.get_vocab_size(with_added_tokens=True)
+    n_tokens = len(tok.get_vocab(with_added_tokens=True))
+    beyond = _ids_past_embedding(tok, old_vocab, set(specials.all()))
+    if beyond:
+        raise CheckpointError(
+            f"the tokenizer has {n_tokens:,} tokens; the model's vocab_size is {old_vocab:,}: {len(beyond):,} "
+            f"token ids ({beyond[0]}..{beyond[-1]}) have no row in the model's embedding. Use the tokenizer "
+            "saved with these weights")
+    before = set(tok.get_vocab(with_added_tokens=True))
     tok.add_special_tokens(specials.all())
-    new_vocab = max(old_vocab, tok.get_vocab_size(with_added_tokens=True))
-    # rows that get the mean embedding: the new tokens' (those past the embedding, and those that
-    # landed on unused rows of an embedding padded beyond the tokenizer)
-    new_ids = sorted(range(added, tok.get_vocab_size(with_added_tokens=True)))
+    tok.no_truncation()  # a tokenizer.json saved with truncation / padding on would cut or pad every
+    tok.no_padding()  # text the renderer encodes
+    ids = tok.get_vocab(with_added_tokens=True)
+    new_vocab = max(old_vocab, max(ids.values()) + 1)
+    # rows that get the mean embedding: every row past the stored embedding (only special tokens land
+    # there, checked above) and the tokens the import added that landed on unused rows of an embedding
+    # padded beyond the tokenizer
+    new_ids = sorted({ids[t] for t in specials.all() if t not in before} | set(range(old_vocab, new_vocab)))
     backbone = {k: v for k, v in hf_cfg.items() if k not in _DROPPED_KEYS}
     backbone["vocab_size"] = new_vocab
     hidden = int(backbone["hidden_size"])
     max_pos = int(backbone.get("max_position_embeddings", DEFAULT_WINDOW_TOKENS))
-    window = min(DEFAULT_WINDOW_TOKENS, max_pos) if window is None else window
-    if not 64 <= window <= max_pos:
+    if window is None:
+        window = min(DEFAULT_WINDOW_TOKENS, max_pos)
+        if window < 64:
+            raise CheckpointError(f"the default window min({DEFAULT_WINDOW_TOKENS}, max_position_embeddings) is "
+                                  f"{window}: the model's max_position_embeddings ({max_pos}) is below the "
+                                  "smallest window, 64 tokens")
+    elif not 64 <= window <= max_pos:
         raise CheckpointError(f"--window must be in [64, max_position_embeddings = {max_pos}]; got {window}")
-    config = Vela2Config(name=name or hf_dir.name, backbone=backbone,
+    config = Vela2Config(name=name, backbone=backbone,
                          heads=HeadsConfig(option_hidden=hidden, span_dim=min(hidden, SPAN_DIM_MAX)),
                          max_window_tokens=window, window_overlap_words=min(64, window // 16))
     with torch.device("meta"):  # names, shapes and release dtypes only: no memory
@@ -130,7 +182,10 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
 
     out.mkdir(parents=True, exist_ok=True)
     writer = _ShardWriter(out, shard_max_bytes)
-    files = weight_files(hf_dir, " (only safetensors weights are imported)")
+    try:
+        files = weight_files(hf_dir, " (only safetensors weights are imported)")
+    except (ValueError, KeyError, TypeError, OSError, SafetensorError) as e:
+        raise CheckpointError(f"the weights of {hf_dir} are not readable: {_why(e, hf_dir / WEIGHTS)}") from None
     for name_in, path in sorted(files.items(), key=lambda kv: (str(kv[1]), kv[0])):
         target = _target_name(name_in)
         if target is None:
@@ -139,11 +194,14 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
             raise CheckpointError(f"tensor {name_in!r} has no place in a {hf_cfg['model_type']} backbone "
                                   "of this config")
         dtype = torch.bfloat16 if target in bf16 else torch.float32
-        with safe_open(str(path), framework="pt", device="cpu") as sf:  # reopened per tensor: no mapping held
-            if target.endswith("embed_tokens.weight"):
-                t = _resized_embedding(sf.get_slice(name_in), new_vocab, new_ids)
-            else:
-                t = sf.get_tensor(name_in).to(dtype)
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as sf:  # reopened per tensor: no mapping held
+                if target.endswith("embed_tokens.weight"):
+                    t = _resized_embedding(sf.get_slice(name_in), old_vocab, new_vocab, new_ids)
+                else:
+                    t = sf.get_tensor(name_in).to(dtype)
+        except (OSError, SafetensorError) as e:
+            raise CheckpointError(f"{path}: tensor {name_in!r} is not readable: {_why(e, path)}") from None
         if tuple(t.shape) != expected[target]:
             raise CheckpointError(f"{name_in}: shape {tuple(t.shape)}; the config expects {expected[target]}")
         writer.add(target, t.contiguous())
@@ -164,10 +222,15 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
 EMBEDDING_CHUNK_ROWS = 8192  # rows of the stored embedding read at a time (no second full copy)
 
 
-def _resized_embedding(stored, new_vocab: int, new_ids: list[int]) -> torch.Tensor:
-    """(new_vocab, H) fp32 embedding from a safetensors slice of the stored (V, H) one: the old rows,
-    read in chunks of EMBEDDING_CHUNK_ROWS, with the mean of the old rows in `new_ids`."""
+def _resized_embedding(stored, old_vocab: int, new_vocab: int, new_ids: list[int]) -> torch.Tensor:
+    """(new_vocab, H) fp32 embedding from a safetensors slice of the stored (old_vocab, H) one: the old
+    rows, read in chunks of EMBEDDING_CHUNK_ROWS, with the mean of the old rows in `new_ids` (which
+    holds every row past the old ones: no row is left uninitialised)."""
     old, hidden = stored.get_shape()
+    if old != old_vocab:
+        raise CheckpointError(f"the stored embedding has {old:,} rows; the config's vocab_size is {old_vocab:,}")
+    if set(range(old, new_vocab)) - set(new_ids):
+        raise ValueError(f"rows {old}..{new_vocab - 1} past the stored embedding must all be in new_ids")
     out = torch.empty((new_vocab, hidden), dtype=torch.float32)
     for a in range(0, old, EMBEDDING_CHUNK_ROWS):
         b = min(old, a + EMBEDDING_CHUNK_ROWS)
@@ -175,6 +238,23 @@ def _resized_embedding(stored, new_vocab: int, new_ids: list[int]) -> torch.Tens
     mean = out[:old].mean(0)  # (H,)
     out[new_ids] = mean
     return out
+
+
+_LFS_POINTER = b"version https://git-lfs"  # how a git-lfs pointer file starts (a clone without `git lfs pull`)
+
+
+def _why(e: BaseException, path: Path | None = None) -> str:
+    """A one-line reason for an unreadable weight file; a git-lfs pointer is said as such."""
+    try:
+        lfs = path is not None and path.is_file() and path.open("rb").read(len(_LFS_POINTER)) == _LFS_POINTER
+    except OSError:
+        lfs = False
+    if path is not None and not path.exists():
+        return f"{path.name} does not exist (a shard missing from the download?)"
+    if lfs:
+        return "it is a git-lfs pointer file, not the weights: run `git lfs pull` in the model directory"
+    text = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+    return f"{text} (a truncated or corrupt download?)"
 
 
 class _ShardWriter:

@@ -153,9 +153,13 @@ def split_words(text: str) -> np.ndarray:
 def plain_text_tokenizer(tokenizer):
     """A copy of `tokenizer` that reads the strings of special tokens ("[OPT]", "[SEP]", ...) in user
     text as plain text. Markers are inserted by id only: a question, option or label that types
-    "[OPT]" must not add an option (the text is split into words, which already keeps "[" apart)."""
+    "[OPT]" must not add an option (the text is split into words, which already keeps "[" apart).
+    Truncation and padding are off (a tokenizer.json saved with them on would cut or pad each string
+    it encodes: windowing and padding are the renderer's)."""
     copy = type(tokenizer).from_str(tokenizer.to_str())
     copy.encode_special_tokens = True
+    copy.no_truncation()
+    copy.no_padding()
     return copy
 
 

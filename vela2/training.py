@@ -316,7 +316,13 @@ def train_command(checkpoint: str, train_path: str, out: str, *, dev_path: str |
     from vela2.checkpoint import load, save
     from vela2.fitting import format_report, read_jsonl
 
-    rows, bad = read_jsonl(train_path)
+    # both files are read before the (long) training: a typo in --dev must not cost the trained weights
+    try:
+        rows, bad = read_jsonl(train_path)
+        dev_rows, dev_bad = read_jsonl(dev_path) if dev_path else (None, [])
+    except OSError as e:
+        print(f"vela2 train: cannot read {e.filename or train_path}: {e.strerror or e}", file=sys.stderr)
+        return 2
     model = load(checkpoint, device=device, dtype=torch.float32)  # trained in fp32 (bf16 = autocast)
     examples, skipped = labelled_examples(model, rows)
     for s in bad + skipped:
@@ -332,7 +338,6 @@ def train_command(checkpoint: str, train_path: str, out: str, *, dev_path: str |
           file=sys.stderr)
     losses = train(model, examples, options, state_path=out_dir / STATE_FILE, resume=resume)
     print("epoch losses: " + ", ".join(f"{x:.4f}" for x in losses), file=sys.stderr)
-    dev_rows, dev_bad = read_jsonl(dev_path) if dev_path else (None, [])
     report = finish(model, dev_rows, precision=options.precision)
     if report is not None:
         report["skipped"] = dev_bad + report["skipped"]

@@ -22,6 +22,7 @@ from vela2.fitting import (
     f1_score,
     fit_sigmoid_temperature,
     fit_softmax_temperature,
+    read_jsonl,
     sigmoid_nll,
     softmax_nll,
 )
@@ -564,3 +565,20 @@ def test_calibrate_command_on_demo_checkpoint_set_and_span(demo_dir, tmp_path, c
     assert cal.pii == Calibration.read(demo_dir).pii  # not fitted: kept
     assert len(list(ckpt.glob("calibration.json.bak-*"))) == 1
     assert "span:pii_dev" in capsys.readouterr().out
+
+
+def test_read_jsonl_lists_bad_lines_and_keeps_the_rest(tmp_path):
+    """Non-UTF-8 bytes and JSON nested past 64 levels make their own line a bad row, not a crash."""
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"id": "a"}\n'
+                     b'{"id": "x\xff\xfe"}\n'
+                     + b"[" * 100_000 + b"]" * 100_000 + b"\n"
+                     b"{broken\n"
+                     b"\n"
+                     b'{"id": "b"}\n')
+    rows, bad = read_jsonl(path)
+    assert rows == [{"id": "a"}, {"id": "b"}]
+    assert [b["line"] for b in bad] == [2, 3, 4] and all(b["id"] is None for b in bad)
+    assert bad[0]["reason"].startswith("not valid UTF-8")
+    assert bad[1]["reason"] == "invalid JSON: nested deeper than 64 levels"
+    assert bad[2]["reason"].startswith("invalid JSON: ")

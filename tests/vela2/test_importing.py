@@ -4,6 +4,7 @@ load, compute the same hidden states as transformers, answer, and train; clear e
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,11 +14,13 @@ from tokenizers import Tokenizer, models
 from transformers import AutoModel
 
 import vela2
+import vela2.checkpoint
 from bench.import_rss import make_hf_dir, measure
 from vela2.cli import main
-from vela2.config import SpecialTokens
+from vela2.config import SpecialTokens, Vela2Config
 from vela2.errors import CheckpointError
 from vela2.importing import check_offsets, import_hf
+from vela2.rendering import plain_text_tokenizer
 from vela2.synthetic import labelled_rows
 from vela2.training import TrainOptions, labelled_examples, train
 
@@ -112,3 +115,133 @@ def test_streamed_import_peak_memory():
     report = measure(150, shard_max_mb=32, vocab=8_000)
     assert report["hf_weights_mb"] > 250
     assert report["import_over_baseline_mb"] < 0.75 * report["hf_weights_mb"], report
+
+
+def _copy_with_tokenizer(src: Path, dst: Path, edit) -> Path:
+    """A copy of the directory `src` whose tokenizer.json `edit(tokenizer)` changed."""
+    shutil.copytree(src, dst)
+    tok = Tokenizer.from_file(str(dst / "tokenizer.json"))
+    edit(tok)
+    tok.save(str(dst / "tokenizer.json"))
+    return dst
+
+
+def test_tokenizer_past_the_embedding_is_refused(hf_dirs, tmp_path):
+    """Tokens past vocab_size would have no trained embedding row (before: uninitialised memory)."""
+    vocab = json.loads((hf_dirs["llama-single"] / "config.json").read_text())["vocab_size"]
+
+    def grow(tok: Tokenizer) -> None:
+        tok.add_tokens([f"extra{k}" for k in range(vocab + 10 - tok.get_vocab_size(with_added_tokens=True))])
+
+    hf = _copy_with_tokenizer(hf_dirs["llama-single"], tmp_path / "big", grow)
+    with pytest.raises(CheckpointError, match=f"the tokenizer has {vocab + 10} tokens; the model's vocab_size is "
+                                              f"{vocab}: 10 token ids"):
+        import_hf(hf, tmp_path / "out")
+
+
+def test_special_tokens_past_the_embedding_get_the_mean_row(hf_dirs, tmp_path):
+    """A tokenizer filling the embedding and already holding our special tokens (ids past vocab_size):
+    those rows are the mean embedding, finite and the same on every import."""
+    vocab = json.loads((hf_dirs["llama-single"] / "config.json").read_text())["vocab_size"]
+
+    def fill(tok: Tokenizer) -> None:
+        tok.add_tokens([f"fill{k}" for k in range(vocab - tok.get_vocab_size(with_added_tokens=True))])
+        tok.add_special_tokens(SpecialTokens().all())
+
+    hf = _copy_with_tokenizer(hf_dirs["llama-single"], tmp_path / "full", fill)
+    a, b = import_hf(hf, tmp_path / "a"), import_hf(hf, tmp_path / "b")
+    assert vela2.checkpoint.digest(a) == vela2.checkpoint.digest(b)
+    model = vela2.load(a)
+    emb = model.backbone.embed_tokens.weight
+    assert emb.shape[0] == vocab + len(SpecialTokens().all())
+    old = AutoModel.from_pretrained(hf, dtype=torch.float32).get_input_embeddings().weight
+    torch.testing.assert_close(emb[vocab:], old.mean(0).expand(emb.shape[0] - vocab, -1))
+
+
+def test_import_turns_truncation_and_padding_off(hf_dirs, tmp_path):
+    def enable(tok: Tokenizer) -> None:
+        tok.enable_truncation(max_length=16)
+        tok.enable_padding(length=64)
+
+    hf = _copy_with_tokenizer(hf_dirs["llama-single"], tmp_path / "trunc", enable)
+    out = import_hf(hf, tmp_path / "out")
+    saved = json.loads((out / "tokenizer.json").read_text())
+    assert saved["truncation"] is None and saved["padding"] is None
+    text = " ".join(["alice asked acme for a refund"] * 10)
+    model = vela2.load(out)
+    assert len(model.tokenizer.encode(text, add_special_tokens=False).ids) > 16
+
+
+def test_plain_text_tokenizer_turns_truncation_and_padding_off(hf_dirs):
+    """Checkpoints written before the import turned them off still encode whole strings, unpadded."""
+    tok = Tokenizer.from_file(str(hf_dirs["llama-single"] / "tokenizer.json"))
+    text = " ".join(["alice asked acme for a refund"] * 10)
+    whole = tok.encode(text, add_special_tokens=False).ids
+    tok.enable_truncation(max_length=16)
+    tok.enable_padding(length=512)
+    plain = plain_text_tokenizer(tok)
+    assert plain.truncation is None and plain.padding is None
+    assert plain.encode(text, add_special_tokens=False).ids == whole
+
+
+def test_import_of_dot_is_named_by_the_directory(hf_dirs, tmp_path, monkeypatch):
+    hf = tmp_path / "my-model"
+    shutil.copytree(hf_dirs["llama-single"], hf)
+    monkeypatch.chdir(hf)
+    assert Vela2Config.read(import_hf(".", tmp_path / "out")).name == "my-model"
+
+
+@pytest.mark.parametrize(("name", "pattern"), [("", "the model name '' is empty; pass --name"),
+                                               ("m" * 300, "the model name has 300 characters; limit 256")])
+def test_import_refuses_a_bad_name(hf_dirs, tmp_path, name, pattern):
+    with pytest.raises(CheckpointError, match=re.escape(pattern)):
+        import_hf(hf_dirs["llama-single"], tmp_path / "out", name=name)
+
+
+def _break_config(key: str | None):
+    def edit(d: Path) -> None:
+        if key is None:
+            (d / "config.json").write_text("{")
+            return
+        cfg = json.loads((d / "config.json").read_text())
+        del cfg[key]
+        (d / "config.json").write_text(json.dumps(cfg))
+    return edit
+
+
+def _lfs_pointers(d: Path) -> None:
+    for f in d.glob("*.safetensors"):
+        f.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 12345\n")
+
+
+def _truncate_weights(d: Path) -> None:
+    with open(d / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+
+
+@pytest.mark.parametrize(("kind", "edit", "message"), [
+    ("llama-single", _break_config(None), "config.json is not readable JSON"),
+    ("llama-single", _break_config("vocab_size"), "vocab_size must be a positive integer; got None"),
+    ("llama-single", lambda d: (d / "tokenizer.json").write_text('{"version": "1.0", "trunc'),
+     "tokenizer.json is not a readable fast tokenizer"),
+    ("llama-single", _truncate_weights, "are not readable"),
+    ("qwen2-sharded", _lfs_pointers, "is a git-lfs pointer file, not the weights: run `git lfs pull`"),
+    ("llama-single", _lfs_pointers, "is a git-lfs pointer file, not the weights: run `git lfs pull`"),
+])
+def test_broken_directories_give_one_line_errors(hf_dirs, tmp_path, capsys, kind, edit, message):
+    hf = tmp_path / "broken"
+    shutil.copytree(hf_dirs[kind], hf)
+    edit(hf)
+    assert main(["import", str(hf), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_default_window_error_names_max_position_embeddings(hf_dirs, tmp_path):
+    hf = tmp_path / "short"
+    shutil.copytree(hf_dirs["llama-single"], hf)
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 40}))
+    with pytest.raises(CheckpointError, match=re.escape("the default window min(2048, max_position_embeddings) "
+                                                        "is 40: the model's max_position_embeddings (40)")):
+        import_hf(hf, tmp_path / "out")

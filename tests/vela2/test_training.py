@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import vela2
+import vela2.training
 from vela2.cli import main
 from vela2.demo import demo_calibration
 from vela2.evaluation import eval_report
@@ -170,3 +171,16 @@ def test_eval_without_usable_rows_exits_2(demo_dir, tmp_path, capsys):
 def test_train_modes_are_exclusive(args, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--checkpoint", "x", "t.jsonl", "--out", "o", *args])
+
+
+@pytest.mark.parametrize("dev", ["dve.jsonl", "a-directory"])
+def test_train_reads_the_dev_file_before_training(untrained_demo_dir, tmp_path, capsys, monkeypatch, dev):
+    """A typo in --dev fails at once (exit 2), not after the epochs with the trained weights lost."""
+    (tmp_path / "a-directory").mkdir()
+    monkeypatch.setattr(vela2.training, "train", lambda *a, **k: pytest.fail("trained before reading --dev"))
+    train_path = _write(tmp_path / "train.jsonl", TRAIN[:4])
+    out = tmp_path / "out"
+    assert main(["train", "--checkpoint", str(untrained_demo_dir), str(train_path), "--dev", str(tmp_path / dev),
+                 "--out", str(out), "--epochs", "1"]) == 2
+    assert f"vela2 train: cannot read {tmp_path / dev}" in capsys.readouterr().err
+    assert not out.exists()
