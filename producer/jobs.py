@@ -267,6 +267,7 @@ def submit_job(
     pipe.expire(job_key(job), ttl_s)
     pipe.zadd(jobs_key(client.model), {job: created})
     pipe.execute()
+    prune_jobs_index(client.redis, client.model)
     if on_created is not None:
         on_created(caller_id)
     sub = _Submitter(client, job, chunk_size=chunk_size, expires=created + window_s, ttl_s=ttl_s,
@@ -333,6 +334,27 @@ def cancel_job(client: Client, job_id: str) -> JobInfo:
     if code == -1:
         raise JobNotFound(f"no job {job_id!r} (never created, another tenant's, or expired with its results)")
     return job_info(client, job_id)
+
+
+PRUNE_OLDEST = 32  # index entries each new job checks, oldest first
+
+
+def prune_jobs_index(redis: Any, model: str) -> int:
+    """Drop the model's oldest PRUNE_OLDEST index entries whose job record has expired (every
+    tenant's; two round trips). Called by each new job, so the index stays about as large as the
+    jobs that exist, even for jobs that nobody lists (those made over HTTP, which has no list route).
+    Returns how many entries went."""
+    raw = redis.zrange(jobs_key(model), 0, PRUNE_OLDEST - 1)
+    oldest = [j.decode() if isinstance(j, bytes) else str(j) for j in raw]
+    if not oldest:
+        return 0
+    pipe = redis.pipeline(transaction=False)
+    for j in oldest:
+        pipe.exists(job_key(j))
+    gone = [j for j, alive in zip(oldest, pipe.execute(), strict=True) if not alive]
+    if gone:
+        redis.zrem(jobs_key(model), *gone)
+    return len(gone)
 
 
 def list_jobs(client: Client, limit: int = 100) -> list[JobInfo]:

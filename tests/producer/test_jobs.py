@@ -340,3 +340,17 @@ def test_results_timeout_that_is_not_a_finite_number_exits_2(tmp_path, capsys):
     argv = ["results", "batch_x", str(tmp_path / "out.jsonl"), "--timeout-s", "nan", "--redis", "redis://127.0.0.1:1/0"]
     assert jobs_mod.main(argv) == 2
     assert capsys.readouterr().err == "vela2 jobs: --timeout-s must be a finite number of seconds >= 0; got nan\n"
+
+
+def test_each_new_job_prunes_expired_entries_of_the_index(redis, client):
+    """Found by review: entries of expired jobs left the index only when a listing of the same
+    tenant walked past them, so jobs made over HTTP (no list route) grew it for ever."""
+    acme = Client(redis=redis, model=MODEL, tenant="acme")
+    old = [submit_job(acme, lines([row(i)])).id for i in range(40)]
+    for j in old:
+        redis.delete(job_key(f"acme/{j}"))  # expired
+    assert redis.zcard(jobs_key(MODEL)) == 40
+    submit_job(client, lines([row(99)]))  # another tenant's new job
+    assert redis.zcard(jobs_key(MODEL)) == 40 - jobs_mod.PRUNE_OLDEST + 1
+    submit_job(client, lines([row(98)]))
+    assert redis.zcard(jobs_key(MODEL)) == 2  # only the live ones
