@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModel
 from vela2 import attention, fused
 from vela2.calibration import Calibration
 from vela2.config import PRECISIONS, Vela2Config
-from vela2.errors import PrecisionError
+from vela2.errors import CheckpointError, PrecisionError
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -114,7 +114,10 @@ class Vela2Model(nn.Module):
         for field_name, token in vars(config.special_tokens).items():
             tid = tokenizer.token_to_id(token)
             if tid is None:
-                raise ValueError(f"special token {token!r} ({field_name}) is not in the tokenizer")
+                raise CheckpointError(
+                    f"special token {token!r} ({field_name}) is not in the tokenizer (the checkpoint's "
+                    "tokenizer.json must hold every token of config.json's special_tokens)"
+                )
             self.special_ids[field_name] = tid
 
     @property

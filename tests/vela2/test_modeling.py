@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vela2.config import SpecialTokens
-from vela2.errors import PrecisionError
+from vela2.errors import CheckpointError, PrecisionError
 from vela2.modeling import OptionHead, SpanHead, Vela2Model, tree_mask
 from vela2.packing import pack, plan_rows
 from vela2.pipeline import collate, prepare, run_batch
@@ -174,7 +174,7 @@ def test_missing_special_token_rejected(demo_model):
 
     tok = Tokenizer.from_str(demo_model.tokenizer.to_str())
     bad = dataclasses.replace(demo_model.config, special_tokens=SpecialTokens(label="[NOPE]"))
-    with pytest.raises(ValueError, match=r"special token '\[NOPE\]' \(label\) is not in the tokenizer"):
+    with pytest.raises(CheckpointError, match=r"special token '\[NOPE\]' \(label\) is not in the tokenizer"):
         Vela2Model(bad, tok, demo_model.calibration, torch.nn.Identity())
 
 
