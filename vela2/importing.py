@@ -180,43 +180,63 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
              for n, p in mod.named_parameters()}
     del shape_model
 
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    writer = _ShardWriter(out, shard_max_bytes)
     try:
-        files = weight_files(hf_dir, " (only safetensors weights are imported)")
-    except (ValueError, KeyError, TypeError, OSError, SafetensorError) as e:
-        raise CheckpointError(f"the weights of {hf_dir} are not readable: {_why(e, hf_dir / WEIGHTS)}") from None
-    for name_in, path in sorted(files.items(), key=lambda kv: (str(kv[1]), kv[0])):
-        target = _target_name(name_in)
-        if target is None:
-            continue
-        if target not in expected:
-            raise CheckpointError(f"tensor {name_in!r} has no place in a {hf_cfg['model_type']} backbone "
-                                  "of this config")
-        dtype = torch.bfloat16 if target in bf16 else torch.float32
+        writer = _ShardWriter(out, shard_max_bytes)
         try:
-            with safe_open(str(path), framework="pt", device="cpu") as sf:  # reopened per tensor: no mapping held
-                if target.endswith("embed_tokens.weight"):
-                    t = _resized_embedding(sf.get_slice(name_in), old_vocab, new_vocab, new_ids)
-                else:
-                    t = sf.get_tensor(name_in).to(dtype)
-        except (OSError, SafetensorError) as e:
-            raise CheckpointError(f"{path}: tensor {name_in!r} is not readable: {_why(e, path)}") from None
-        if tuple(t.shape) != expected[target]:
-            raise CheckpointError(f"{name_in}: shape {tuple(t.shape)}; the config expects {expected[target]}")
-        writer.add(target, t.contiguous())
-    for n, t in heads.items():
-        writer.add(n, t)
-    missing = sorted(set(expected) - writer.names)
-    if missing:
-        raise CheckpointError(f"the weights lack {len(missing)} tensors of the backbone, e.g. {missing[:3]}")
-    writer.close()
-    config.write(out)
-    tok.save(str(out / "tokenizer.json"))
-    Calibration().write(out)
-    make_readable(out)
+            files = weight_files(hf_dir, " (only safetensors weights are imported)")
+        except (ValueError, KeyError, TypeError, OSError, SafetensorError) as e:
+            raise CheckpointError(f"the weights of {hf_dir} are not readable: {_why(e, hf_dir / WEIGHTS)}") from None
+        for name_in, path in sorted(files.items(), key=lambda kv: (str(kv[1]), kv[0])):
+            target = _target_name(name_in)
+            if target is None:
+                continue
+            if target not in expected:
+                raise CheckpointError(f"tensor {name_in!r} has no place in a {hf_cfg['model_type']} backbone "
+                                      "of this config")
+            dtype = torch.bfloat16 if target in bf16 else torch.float32
+            try:
+                with safe_open(str(path), framework="pt", device="cpu") as sf:  # reopened per tensor: no mapping held
+                    if target.endswith("embed_tokens.weight"):
+                        t = _resized_embedding(sf.get_slice(name_in), old_vocab, new_vocab, new_ids)
+                    else:
+                        t = sf.get_tensor(name_in).to(dtype)
+            except (OSError, SafetensorError) as e:
+                raise CheckpointError(f"{path}: tensor {name_in!r} is not readable: {_why(e, path)}") from None
+            if tuple(t.shape) != expected[target]:
+                raise CheckpointError(f"{name_in}: shape {tuple(t.shape)}; the config expects {expected[target]}")
+            writer.add(target, t.contiguous())
+        for n, t in heads.items():
+            writer.add(n, t)
+        missing = sorted(set(expected) - writer.names)
+        if missing:
+            raise CheckpointError(f"the weights lack {len(missing)} tensors of the backbone, e.g. {missing[:3]}")
+        writer.close()
+        config.write(out)
+        tok.save(str(out / "tokenizer.json"))
+        Calibration().write(out)
+        make_readable(out)
+    except BaseException:
+        _remove_partial(out, created)  # a failed import leaves no half checkpoint that blocks the retry
+        raise
     log.info("imported %s (%s, %d tensors) to %s", hf_dir, hf_cfg["model_type"], len(writer.names), out)
     return out
+
+
+def _remove_partial(out: Path, created: bool) -> None:
+    """Remove what a failed import wrote: `out` itself when the import created it, else its contents
+    (it was empty before: import_hf refuses a directory that is not)."""
+    import shutil
+
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for child in out.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 EMBEDDING_CHUNK_ROWS = 8192  # rows of the stored embedding read at a time (no second full copy)

@@ -235,6 +235,12 @@ def test_broken_directories_give_one_line_errors(hf_dirs, tmp_path, capsys, kind
     assert main(["import", str(hf), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    # nothing half-written is left to block the retry: the same error again, not "is not empty"
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    (tmp_path / "empty").mkdir()
+    assert main(["import", str(hf), str(tmp_path / "empty")]) == 2
+    assert message in capsys.readouterr().err and (tmp_path / "empty").is_dir()
+    assert not any((tmp_path / "empty").iterdir())  # a directory given empty stays, emptied
 
 
 def test_default_window_error_names_max_position_embeddings(hf_dirs, tmp_path):
