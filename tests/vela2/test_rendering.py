@@ -18,6 +18,7 @@ from vela2.config import LIMITS
 from vela2.errors import LimitExceeded
 from vela2.modeling import tree_mask
 from vela2.rendering import (
+    MAX_MARKS,
     UNSPACED_SCRIPTS,
     WORD_RE,
     plan_windows,
@@ -284,12 +285,20 @@ def test_split_words_keeps_combining_marks_in_their_word():
     for text, words in cases.items():
         assert [text[s:e] for s, e in split_words(text).tolist()] == words, text
     assert len(split_words("e\u0301" * 100)) == 2  # 64 letters a word, each with its mark
+    # at most MAX_MARKS marks stay with a letter; stacked ones ("Zalgo") are words of their own, as
+    # before marks joined words, so no mark run makes a word longer than 64 x 3 characters
+    zalgo = "Zoe" + "\u0301" * 400 + " x"
+    words = [zalgo[s:e] for s, e in split_words(zalgo).tolist()]
+    assert words[0] == "Zoe" + "\u0301" * MAX_MARKS and len(words) == 1 + 400 - MAX_MARKS + 1
+    assert max(e - s for s, e in split_words(("a" + "\u0301" * 9) * 10_000).tolist()) <= 64 * (1 + MAX_MARKS)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=300))
-def test_ascii_text_splits_as_the_general_pattern_does(text):
-    """split_words takes a faster pattern for ASCII text (no marks there): the same words."""
+@given(st.one_of(st.text(alphabet=st.characters(max_codepoint=127), max_size=300),
+                 st.text(alphabet=st.characters(exclude_categories=("Mn", "Mc", "Me", "Cs")), max_size=300),
+                 st.text(max_size=300)))
+def test_the_fast_patterns_split_as_the_general_one_does(text):
+    """split_words takes a faster pattern for ASCII text and for text without a mark: the same words."""
     assert split_words(text).tolist() == [list(m.span()) for m in WORD_RE.finditer(text)]
 
 
