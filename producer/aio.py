@@ -43,11 +43,11 @@ from producer.client import (
     conflict_error,
     expired_answer,
     expired_row,
+    nothing_sent,
     pack_messages,
     plan_submit,
     prepare_many,
     prepare_request,
-    pushed_anyway,
     read_claims,
     result_expired_error,
     unanswered,
@@ -282,8 +282,8 @@ class AsyncClient:
             return
         try:
             await self._push(todo)
-        except BaseException as exc:
-            if not pushed_anyway(exc) and claims.marked:
+        except Exception as exc:
+            if (isinstance(exc, Busy) or nothing_sent(exc)) and claims.marked:
                 # nothing queued: take the markers back (see producer.Client._submit)
                 try:
                     await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])

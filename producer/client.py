@@ -33,12 +33,14 @@ No celery, no torch.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import redis.exceptions
 from pydantic import BaseModel
 
 from producer import brokers
@@ -319,14 +321,14 @@ def conflict_error(ids: list[str]) -> IdConflict:
 
 
 def check_timeout(timeout_s: Any) -> float | None:
-    """A wait's `timeout_s`: None (wait for ever) or a number >= 0 (InvalidRequest naming it else:
-    NaN would never time out, a negative one would never wait)."""
+    """A wait's `timeout_s` as the waits take it: None or infinity (wait for ever: None), a number
+    (<= 0: one look, no wait); InvalidRequest naming it for NaN, which would never time out, or for
+    anything that is not a number."""
     if timeout_s is None:
         return None
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0 \
-            or timeout_s == float("inf"):
-        raise InvalidRequest(f"timeout_s must be a finite number of seconds >= 0, or None; got {timeout_s!r}")
-    return float(timeout_s)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or math.isnan(timeout_s):
+        raise InvalidRequest(f"timeout_s must be a number of seconds or None; got {timeout_s!r}")
+    return None if math.isinf(timeout_s) and timeout_s > 0 else max(0.0, float(timeout_s))
 
 
 def check_ttl(submitted_ttl_s: Any) -> int:
@@ -336,11 +338,23 @@ def check_ttl(submitted_ttl_s: Any) -> int:
     return submitted_ttl_s
 
 
-def pushed_anyway(exc: BaseException) -> bool:
-    """True when a failed push still queued its messages: NotReplicated (they are on the master, not yet
-    on enough replicas). Any other failure is taken as nothing queued (a Redis pipeline that broke, a
-    publish RabbitMQ did not confirm; a message that did get through is answered all the same)."""
-    return isinstance(exc, brokers.NotReplicated)
+def nothing_sent(exc: BaseException) -> bool:
+    """True when a failed push certainly queued nothing: the broker refused the connection before any
+    command went out (redis-py's "Error N connecting to ...", a refused socket under kombu). Any other
+    failure (a timeout or a connection lost while waiting for the reply, NotReplicated, a publish
+    RabbitMQ did not confirm) may have queued the messages: the submitted markers stay, so the id
+    still refuses other content, and submitting the same request again is safe (a duplicate message
+    at worst, skipped by the worker)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError):
+            return True
+        if isinstance(e, redis.exceptions.ConnectionError) and " connecting to " in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def release_quietly(release: Callable[[list[str]], Any], ids: list[str]) -> Any:
@@ -453,8 +467,8 @@ class Client:
             return
         try:
             self._push(todo)
-        except BaseException as exc:
-            if not pushed_anyway(exc):
+        except Exception as exc:
+            if nothing_sent(exc):
                 # nothing queued: a marker left behind would read "pending" for a day and hold the id
                 release_quietly(self.release, claims.marked)
             raise

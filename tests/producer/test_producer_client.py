@@ -391,13 +391,45 @@ def test_a_push_that_fails_takes_its_marker_back(redis):
     assert up.status("p") == "pending" and redis.llen(ONLINE) == 1
 
 
-def test_a_push_short_of_replicas_keeps_its_marker():
-    """NotReplicated: the messages are on the master, so the request stays pending."""
-    from producer.brokers import NotReplicated
-    from producer.client import pushed_anyway
+def test_a_push_that_may_have_queued_keeps_its_marker(redis):
+    """Found by review: a timeout while reading the push's reply (the server ran it) took the marker
+    back, so the queued id read "unknown" and took other content: two requests under one id."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    assert pushed_anyway(NotReplicated("1 of 2 replicas"))
-    assert not pushed_anyway(ConnectionError("refused"))
+    from producer.brokers import NotReplicated
+    from producer.client import nothing_sent
+    from vela2.errors import IdConflict
+
+    class LateBroker(fakeredis.FakeRedis):  # runs the push, then the reply never comes
+        def pipeline(self, *a, **kw):
+            pipe = super().pipeline(*a, **kw)
+            run = pipe.execute
+
+            def execute(*ea, **ekw):
+                run(*ea, **ekw)
+                raise RedisTimeoutError("Timeout reading from socket")
+
+            pipe.execute = execute
+            return pipe
+
+    late = Client(model="vela2-demo", redis=redis, broker=LateBroker(server=redis.connection_pool.connection_kwargs
+                                                                       .get("server")))
+    with pytest.raises(RedisTimeoutError):
+        late.submit({**ROW, "id": "t"})
+    assert late.status("t") == "pending"
+    with pytest.raises(IdConflict):
+        Client(model="vela2-demo", redis=redis).submit({**ROW, "text": "other", "id": "t"})
+    assert not nothing_sent(NotReplicated("1 of 2 replicas"))
+    assert not nothing_sent(RedisConnectionError("Connection closed by server."))
+    assert nothing_sent(RedisConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused."))
+    try:  # kombu / py-amqp: the refused socket under its own error
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except ConnectionRefusedError as inner:
+            raise OSError("[Errno 111] Connection refused") from inner
+    except OSError as wrapped:
+        assert nothing_sent(wrapped)
 
 
 def test_a_system_one_input_over_the_character_limit_is_refused_at_submit(client, redis):
@@ -417,16 +449,21 @@ def test_a_system_one_input_over_the_character_limit_is_refused_at_submit(client
 
 def test_reads_and_waits_refuse_what_no_request_can_have(client):
     """Found by review: a lone-surrogate id raised a raw UnicodeEncodeError, a NaN timeout a bare
-    ValueError (or a wait for ever), a TTL of 0 a Redis error at the first submit."""
+    ValueError (or a wait for ever), a TTL of 0 a Redis error at the first submit. Infinity still
+    waits for ever and a negative timeout still looks once (`vela2 http --timeout-s` passes them)."""
     for call in (lambda: client.status("\ud800"), lambda: client.cancel(["\ud800"]),
                  lambda: client.results_many(["ok", "x" * 300], timeout_s=0)):
         with pytest.raises(InvalidRequest, match=r"^id (is not valid Unicode|has 300 characters)"):
             call()
-    for bad in (float("nan"), -1, float("inf"), "5"):
-        with pytest.raises(InvalidRequest, match="timeout_s must be a finite number"):
+    for bad in (float("nan"), "5", True):
+        with pytest.raises(InvalidRequest, match="timeout_s must be a number of seconds or None"):
             client.result("a", timeout_s=bad)
-    with pytest.raises(TimeoutError):
-        client.result("a", timeout_s=0)
+    for no_wait in (0, -1, float("-inf")):  # one look, as before
+        with pytest.raises(TimeoutError):
+            client.result("a", timeout_s=no_wait)
+    from producer.client import check_timeout
+
+    assert check_timeout(float("inf")) is None  # wait for ever, as None
     for ttl in (0, -5, 1.5, None):
         with pytest.raises(InvalidRequest, match="submitted_ttl_s must be a whole number"):
             Client(model="vela2-demo", redis=client.redis, submitted_ttl_s=ttl)
