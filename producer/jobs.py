@@ -50,6 +50,7 @@ from vela2.redis_url import add_url_arguments, url_from_args
 from vela2.schemas import Status, cancelled_result, error_result, guess_id_task
 from vela2.systemone import error_answer, is_system_one, parse_request, to_answer
 from vela2.wire.jobs import (
+    BEAT_SCRIPT,
     CANCEL_JOB_SCRIPT,
     DEFAULT_WINDOW_S,
     FINISH_INPUT_SCRIPT,
@@ -57,7 +58,6 @@ from vela2.wire.jobs import (
     KIND_OPENAI,
     KIND_ROW,
     SUBMIT_BEAT_S,
-    SUBMIT_STALE_S,
     JobInfo,
     ids_entry,
     job_keys,
@@ -267,7 +267,10 @@ def submit_job(
     pipe.expire(job_key(job), ttl_s)
     pipe.zadd(jobs_key(client.model), {job: created})
     pipe.execute()
-    prune_jobs_index(client.redis, client.model)
+    try:
+        prune_jobs_index(client.redis, client.model)
+    except redis.exceptions.RedisError as e:  # housekeeping: the next job prunes again
+        log.warning("could not prune the job index of %s: %s", client.model, e)
     if on_created is not None:
         on_created(caller_id)
     sub = _Submitter(client, job, chunk_size=chunk_size, expires=created + window_s, ttl_s=ttl_s,
@@ -289,7 +292,8 @@ def _beating(client: Client, key: str) -> Iterator[None]:
     def beat() -> None:
         while not stop.wait(SUBMIT_BEAT_S):
             try:
-                client.redis.hset(key, "beat", _now())
+                # only while the record exists: HSET on an expired key would make one with no TTL
+                client.redis.eval(BEAT_SCRIPT, 1, key, _now())
             except Exception as e:  # noqa: BLE001 - the submitter's own round trips raise what matters
                 log.warning("job beat failed: %s", e)
 
@@ -330,7 +334,7 @@ def cancel_job(client: Client, job_id: str) -> JobInfo:
     (without running it); those running finish and keep their answer; the job ends `cancelled`
     once all are answered. A job that has ended stays as it is. Returns the record after the call;
     JobNotFound when there is none."""
-    code = client.redis.eval(CANCEL_JOB_SCRIPT, 1, _job_key(client, job_id), _now(), SUBMIT_STALE_S)
+    code = client.redis.eval(CANCEL_JOB_SCRIPT, 1, _job_key(client, job_id), _now())
     if code == -1:
         raise JobNotFound(f"no job {job_id!r} (never created, another tenant's, or expired with its results)")
     return job_info(client, job_id)

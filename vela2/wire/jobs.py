@@ -113,16 +113,17 @@ redis.call('HSET', KEYS[1], 'input', 'done', 'beat', ARGV[1])
 return finish(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
 """
 
-# Ask a job to cancel (KEYS job; ARGV now, SUBMIT_STALE_S): -1 no such job; 0 it had ended already (a
-# stored status, or `failed`: its submitter gone before its input was done); 1 cancel asked now
-# (or earlier). Workers answer its requests not yet started `cancelled`; the job ends `cancelled`.
+# A live submitter's beat (KEYS job; ARGV now), only while the record exists: HSET on an expired job
+# would make a record with no TTL.
+BEAT_SCRIPT = "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'beat', ARGV[1]) end"
+
+# Ask a job to cancel (KEYS job; ARGV now): -1 no such job; 0 it had ended already; 1 cancel asked now
+# (or earlier). Workers answer its requests not yet started `cancelled`; the job ends `cancelled`. A
+# `failed` job (its submitter gone) takes the cancel too, so that workers skip the lines it had
+# queued, and reads `failed` all the same (job_status).
 CANCEL_JOB_SCRIPT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if redis.call('HEXISTS', KEYS[1], 'status') == 1 then return 0 end
-if redis.call('HGET', KEYS[1], 'input') ~= 'done' then
-  local beat = tonumber(redis.call('HGET', KEYS[1], 'beat') or '0') or 0
-  if tonumber(ARGV[1]) - beat > tonumber(ARGV[2]) then return 0 end
-end
 redis.call('HSETNX', KEYS[1], 'cancel_at', ARGV[1])
 return 1
 """
@@ -240,7 +241,7 @@ def job_status(fields: dict[str, Any], now: float) -> str:
     if stored:
         return str(stored)
     if fields.get("input") != "done" and now - (_num(fields.get("beat")) or 0.0) > SUBMIT_STALE_S:
-        return "failed"  # ended: its input will never be done, a cancel included (CANCEL_JOB_SCRIPT)
+        return "failed"  # ended: its input will never be done, so a cancel cannot end it either
     if fields.get("cancel_at"):
         return "cancelling"
     return "validating" if fields.get("input") != "done" else "in_progress"
