@@ -92,14 +92,13 @@ from vela2.schemas import (
     Row,
     RowResult,
     Status,
-    Units,
     cancelled_result,
     error_result,
     expired_result,
     guess_id_task,
     parse_row,
 )
-from vela2.spans import decode_spans, field_segments, rules_for
+from vela2.spans import span_answer
 from vela2.wire import keys
 from vela2.wire.connections import redis_client
 from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, CANCELLED_MESSAGE
@@ -155,24 +154,12 @@ def _never_logit(temperature: float) -> float:
 
 
 def _stub_span(row: Row, i: int, task: str, offsets: np.ndarray, cal: Calibration) -> Answer:
-    """A span answer with probability 0 for every word and label (logits `_never_logit`), no spans, and
-    the worker's `gate_fired` (PII tasks: the real decoder's sparse gate on those probabilities) and
-    `units` (the text's real word offsets) when the row asks."""
+    """A span answer from raw logits `_never_logit` for every word and label, made by the worker's
+    own `span_answer`: probability 0 everywhere, so no spans, with the worker's `gate_fired` (PII
+    tasks) and `units` (the text's real word offsets) when the row asks."""
     labels = row.questions[i].labels or []
     logits = np.full((offsets.shape[0], len(labels)), _never_logit(cal.T_span), dtype=np.float32)  # (W, K)
-    probs = sigmoid(logits.astype(np.float64) / cal.T_span)  # (W, K), all 0
-    seg = field_segments(row, offsets, row.questions[i].fields)
-    _, gate = decode_spans(row.text, offsets, probs, labels, rules_for(cal, task, labels), seg)
-    visible = probs if seg is None else probs[seg >= 0]  # a label's probability: its max over allowed words
-    answer = Answer(question=i, task=task, spans=[], gate_fired=gate if cal.is_pii(task) else None,
-                    probs={lab: float(visible[:, k].max()) if len(visible) else 0.0 for k, lab in enumerate(labels)})
-    if row.units:
-        answer.units = Units(
-            offsets=[(s, e) for s, e in offsets.tolist()],
-            probs={lab: probs[:, k].tolist() for k, lab in enumerate(labels)},
-            logits={lab: logits[:, k].tolist() for k, lab in enumerate(labels)} if row.logits else None,
-        )
-    return answer
+    return span_answer(row, offsets, i, task, logits, cal)
 
 
 def _stub_options(row: Row, i: int, task: str, cal: Calibration) -> Answer:

@@ -22,8 +22,8 @@ from vela2.errors import ModelError
 from vela2.modeling import HeadInputs, Vela2Model
 from vela2.packing import plan_rows
 from vela2.rendering import RenderedRow, Sequence, render_digest, render_row
-from vela2.schemas import Answer, ModelInfo, Row, RowResult, SpanOut, Status, Units, parse_row, split_task
-from vela2.spans import decode_spans, field_segments, rules_for
+from vela2.schemas import Answer, ModelInfo, Row, RowResult, Status, parse_row, split_task
+from vela2.spans import span_answer
 
 
 @dataclass
@@ -294,38 +294,6 @@ def pool_option_windows(outputs: list[SeqOutput], question: int) -> np.ndarray:
     return np.mean(np.stack([o.options[question] for o in outputs]), axis=0)
 
 
-def _span_answer(model: Vela2Model, prep: Prepared, q: int, task: str, logits: np.ndarray) -> Answer:
-    row, offsets = prep.row, prep.rendered.offsets
-    labels = row.questions[q].labels or []
-    cal = model.calibration
-    probs = sigmoid(logits.astype(np.float64) / cal.T_span)  # (W, K)
-    seg = field_segments(row, offsets, row.questions[q].fields)
-    spans, gate = decode_spans(row.text, offsets, probs, labels, rules_for(cal, task, labels), seg)
-    if row.fields:
-        spans = [_to_field(s, row) for s in spans]
-    visible = probs if seg is None else probs[seg >= 0]
-    answer = Answer(
-        question=q, task=task,
-        probs={lab: float(visible[:, k].max()) if visible.shape[0] else 0.0 for k, lab in enumerate(labels)},
-        spans=spans, gate_fired=gate if cal.is_pii(task) else None,
-    )
-    if row.units:
-        answer.units = Units(
-            offsets=[tuple(o) for o in offsets.tolist()],
-            probs={lab: probs[:, k].tolist() for k, lab in enumerate(labels)},
-            logits={lab: logits[:, k].tolist() for k, lab in enumerate(labels)} if row.logits else None,
-        )
-    return answer
-
-
-def _to_field(span: SpanOut, row: Row) -> SpanOut:
-    for f in row.fields or []:
-        if f.start <= span.start and span.end <= f.end:
-            return span.model_copy(update={"field": f.name, "start": span.start - f.start,
-                                           "end": span.end - f.start})
-    raise AssertionError(f"span {span} lies outside every field")  # decode_spans keeps runs in a field
-
-
 def _option_answer(model: Vela2Model, prep: Prepared, q: int, task: str, logits: np.ndarray) -> Answer:
     kind, _ = split_task(task)
     options = prep.row.questions[q].options or []
@@ -364,7 +332,8 @@ def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings:
         task = row.question_task(q)
         try:
             if task.startswith("span:"):
-                answers.append(_span_answer(model, prep, q, task, merge_span_windows(prep.rendered, outputs, q)))
+                answers.append(span_answer(prep.row, prep.rendered.offsets, q, task,
+                                               merge_span_windows(prep.rendered, outputs, q), model.calibration))
             else:
                 answers.append(_option_answer(model, prep, q, task, pool_option_windows(outputs, q)))
         except ValidationError as e:  # a non-finite number (results never carry NaN or infinity)

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vela2.calibration import GENERIC_SPAN_THRESHOLD, Calibration
-from vela2.schemas import Row, SpanOut
+from vela2.calibration import GENERIC_SPAN_THRESHOLD, Calibration, sigmoid
+from vela2.schemas import Answer, Row, SpanOut, Units
 
 logger = logging.getLogger(__name__)
 
@@ -226,3 +226,37 @@ def decode_spans(
         )
     ]
     return spans, False
+
+
+def span_answer(row: Row, offsets: np.ndarray, q: int, task: str, logits: np.ndarray, cal: Calibration) -> Answer:
+    """The answer to span question `q` of `row` from its raw word x label `logits` ((W, K) over the
+    words at `offsets` (W, 2)): calibrated probabilities, decoded spans (field-relative offsets in a
+    row with fields), each label's probability (its max over the words it may span), the PII gate,
+    and the units when the row asks. The worker's, predict()'s and the fake worker's stub's."""
+    labels = row.questions[q].labels or []
+    probs = sigmoid(logits.astype(np.float64) / cal.T_span)  # (W, K)
+    seg = field_segments(row, offsets, row.questions[q].fields)
+    spans, gate = decode_spans(row.text, offsets, probs, labels, rules_for(cal, task, labels), seg)
+    if row.fields:
+        spans = [_to_field(s, row) for s in spans]
+    visible = probs if seg is None else probs[seg >= 0]
+    answer = Answer(
+        question=q, task=task,
+        probs={lab: float(visible[:, k].max()) if visible.shape[0] else 0.0 for k, lab in enumerate(labels)},
+        spans=spans, gate_fired=gate if cal.is_pii(task) else None,
+    )
+    if row.units:
+        answer.units = Units(
+            offsets=[tuple(o) for o in offsets.tolist()],
+            probs={lab: probs[:, k].tolist() for k, lab in enumerate(labels)},
+            logits={lab: logits[:, k].tolist() for k, lab in enumerate(labels)} if row.logits else None,
+        )
+    return answer
+
+
+def _to_field(span: SpanOut, row: Row) -> SpanOut:
+    for f in row.fields or []:
+        if f.start <= span.start and span.end <= f.end:
+            return span.model_copy(update={"field": f.name, "start": span.start - f.start,
+                                           "end": span.end - f.start})
+    raise AssertionError(f"span {span} lies outside every field")  # decode_spans keeps runs in a field
