@@ -263,15 +263,19 @@ def _resized_embedding(stored, old_vocab: int, new_vocab: int, new_ids: list[int
 _LFS_POINTER = b"version https://git-lfs"  # how a git-lfs pointer file starts (a clone without `git lfs pull`)
 
 
+def _is_lfs_pointer(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:  # closed at once: the import may go on to open other files
+            return f.read(len(_LFS_POINTER)) == _LFS_POINTER
+    except OSError:  # a directory, unreadable: not a pointer
+        return False
+
+
 def _why(e: BaseException, path: Path | None = None) -> str:
     """A one-line reason for an unreadable weight file; a git-lfs pointer is said as such."""
-    try:
-        lfs = path is not None and path.is_file() and path.open("rb").read(len(_LFS_POINTER)) == _LFS_POINTER
-    except OSError:
-        lfs = False
     if path is not None and not path.exists():
         return f"{path.name} does not exist (a shard missing from the download?)"
-    if lfs:
+    if path is not None and _is_lfs_pointer(path):
         return "it is a git-lfs pointer file, not the weights: run `git lfs pull` in the model directory"
     text = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
     return f"{text} (a truncated or corrupt download?)"
