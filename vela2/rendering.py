@@ -39,8 +39,8 @@ from vela2.schemas import Row, split_task
 # Scripts written without spaces: one character per word, so a Japanese or Chinese sentence is not
 # one giant word. Membership is the exact Unicode Script property (per the `regex` module, which
 # knows newer Unicode than `re`): CJK extensions, compatibility ideographs, halfwidth katakana, kana
-# supplements and 々 included. Other word characters (`re`'s \w), each with the combining marks
-# that follow it (accents, vowel signs: \p{M}, which \w leaves out, so "Mu\u0308ller" and
+# supplements and 々 included. Other word characters (`re`'s \w), each with up to MAX_MARKS combining
+# marks that follow it (accents, vowel signs: \p{M}, which \w leaves out, so "Mu\u0308ller" and
 # Devanagari words stay whole), form words of at most 64 characters (a longer run, e.g. a base64
 # blob, is split into several words), joined by at most 7 hyphens or underscores; any other
 # non-space character is a word of its own.
