@@ -4,10 +4,10 @@ be refused with a Vela2Error (InvalidRequest, LimitExceeded, ...); anything else
 Targets (each gets `examples` generated inputs):
 
 - `decode_body`: vela2.wire.messages.decode_body on arbitrary bytes and JSON-ish bodies;
-- `parse_row`: vela2.schemas.parse_row on row-shaped objects with wrong types, junk values and
+- `parse_row`: vela2.api.schemas.parse_row on row-shaped objects with wrong types, junk values and
   hostile text (empty, whitespace only, zero-width, combining marks, RTL, CJK, emoji, NULs);
-- `system_one`: vela2.systemone parse_request -> check_model -> to_row -> pipeline.prepare;
-- `render`: vela2.pipeline.prepare (parse + render_row) on the demo model, checking that every
+- `system_one`: vela2.api.systemone parse_request -> check_model -> to_row -> pipeline.prepare;
+- `render`: vela2.scoring.pipeline.prepare (parse + render_row) on the demo model, checking that every
   accepted row renders at least one sequence, within the model's window for one-question rows.
 
     .venv/bin/python -m bench.fuzz --examples 500 [--checkpoint DIR] [--out /tmp/fuzz.json]
@@ -271,8 +271,9 @@ def _drive(tally: Tally, strategy: st.SearchStrategy[Any], fn: Callable[[Any], N
 
 def run_fuzz(model: Any, examples: int = 500, seed_: int = 0) -> dict[str, Any]:
     """Fuzz every target with `examples` inputs on `model` (the demo model); returns the report."""
-    from vela2 import pipeline, systemone
-    from vela2.schemas import parse_row
+    from vela2.api import systemone
+    from vela2.api.schemas import parse_row
+    from vela2.scoring import pipeline
     from vela2.wire.messages import decode_body
 
     window = int(model.config.max_window_tokens)

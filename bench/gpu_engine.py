@@ -11,23 +11,23 @@ device in bf16, with the demo tokenizer and a 2,048-token window. On the workloa
 - the bf16 matmul peak: an N^3 matmul (N = 8192 on CUDA), 3 warm-ups + 10 timed (CUDA events), on
   a cold GPU (the peak every MFU here is against); then the same matmul SUSTAINED_ITERS times,
   the rate a GPU at its power cap holds (`matmul_sustained`, `engine.mfu_real_tokens_vs_sustained`);
-- every arm runs the product path: vela2.pipeline.launch_batch with one batch in flight, as the
+- every arm runs the product path: vela2.scoring.pipeline.launch_batch with one batch in flight, as the
   worker's device loop drives it (batch N+1 collated and queued before batch N's outputs are
-  collected; `run_ahead`), whose encode uses the fused decoder (vela2.fused: fused QKV / gate_up,
+  collected; `run_ahead`), whose encode uses the fused decoder (vela2.model.fused: fused QKV / gate_up,
   layer halves compiled on CUDA) on this Qwen2 layout;
 - arms over the same rendered sequences, each timed (synchronised) after one warm-up pass, with
   torch.cuda.max_memory_allocated reset before each:
-    ours     vela2.pipeline.pack under --max-batch-tokens (padded tokens), one launch per batch
+    ours     vela2.scoring.pipeline.pack under --max-batch-tokens (padded tokens), one launch per batch
              (--row-tokens R: several short sequences share a padded row; a list adds arms);
     batch1   one sequence per forward, arrival order, launched kernel by kernel (CUDA graphs off);
     fixed32  consecutive batches of 32 sequences in arrival order, padded to their longest;
-    ours_fp8 `ours` (headline packing and attention) at precision fp8 (vela2.fused);
-    unfused  `ours` with vela2.fused.ENABLED off: transformers' own layers (the path before issue 17);
+    ours_fp8 `ours` (headline packing and attention) at precision fp8 (vela2.model.fused);
+    unfused  `ours` with vela2.model.fused.ENABLED off: transformers' own layers (the path before issue 17);
   each reports real / padded tokens, padding fraction, seconds, real tokens/s and
   MFU on real tokens = 2 x non-embedding params x real tokens / seconds / matmul peak,
   plus its warm-up pass: seconds, kernels compiled (torch.compile of flex attention) and
   compile seconds ~ warm-up - timed (a full warm-up pass runs the timed batches once more);
-- --attn sdpa,flex: `ours` under each attention backend (vela2.attention; the first is the
+- --attn sdpa,flex: `ours` under each attention backend (vela2.model.attention; the first is the
   headline and also runs bundling / engine; the others run only the packed --row-tokens modes,
   as `ours_<attn>` / `ours_rows<R>_<attn>`); batch1 / fixed32 always run sdpa (unpacked rows
   of many lengths would compile a flex kernel per shape);
@@ -39,7 +39,7 @@ device in bf16, with the demo tokenizer and a 2,048-token window. On the workloa
   alone, warm (5 untimed calls), LATENCY_RUNS timed: p50 / p90 ms, at bf16 (and fp8 with the fp8 arm)
   under sdpa (the row its own length), and at the headline packing (flex pads a lone row to row_tokens);
 - batch1_graphs and the sdpa latencies `*_graphs`: again with CUDA-graph replay of batches up to
-  --cuda-graph-tokens (default: the product's vela2.fused.GRAPH_MAX_TOKENS; 0 skips them), the path
+  --cuda-graph-tokens (default: the product's vela2.model.fused.GRAPH_MAX_TOKENS; 0 skips them), the path
   predict() and the worker take, so it is the engine's `mfu_real_tokens_batch1` (the launched one is
   `mfu_real_tokens_batch1_launched`); `graphs_vs_plain`: what replay changes in the outputs. Every
   other arm runs with replay off.
@@ -110,12 +110,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--attn", default="sdpa",
                     help="comma list of attention backends (sdpa, flex) for `ours`; the first is the headline")
     ap.add_argument("--cuda-graph-tokens", type=int, default=None,
-                    help="batch1_graphs / latency *_graphs run with vela2.fused.GRAPH_MAX_TOKENS at this (CUDA-graph "
-                         "replay of sdpa batches up to this many tokens; default the product's; 0: not run)")
+                    help="batch1_graphs / latency *_graphs run with vela2.model.fused.GRAPH_MAX_TOKENS at this "
+                         "(CUDA-graph replay of sdpa batches up to this many tokens; default the product's;"
+                         " 0: not run)")
     ap.add_argument("--flex-compile", choices=("static", "auto"), default="static",
                     help="flex kernels: static = one per (rows, length) shape; auto = torch.compile dynamic=None")
     args = ap.parse_args(argv)
-    from vela2.attention import ATTENTIONS
+    from vela2.model.attention import ATTENTIONS
 
     args.attns = args.attn.split(",")
     if set(args.attns) - set(ATTENTIONS) or len(set(args.attns)) != len(args.attns):
@@ -202,7 +203,7 @@ def bench_tokenizer(vocab_size: int = BENCH_VOCAB):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     from vela2.config import SpecialTokens
-    from vela2.demo import corpus
+    from vela2.train.demo_model import corpus
 
     special = SpecialTokens()
     tok = Tokenizer(models.WordPiece(unk_token=special.unk, max_input_chars_per_word=100))
@@ -218,8 +219,8 @@ def bench_tokenizer(vocab_size: int = BENCH_VOCAB):
 
 def build_model(args: argparse.Namespace, device: torch.device):
     """The 9B-shaped (or tiny) scorer with seeded random weights, built on `device`."""
-    from vela2.demo import demo_calibration, demo_config, demo_tokenizer
-    from vela2.modeling import Vela2Model
+    from vela2.model.modeling import Vela2Model
+    from vela2.train.demo_model import demo_calibration, demo_config, demo_tokenizer
 
     tok = bench_tokenizer() if args.tokenizer == "bench" else demo_tokenizer()
     config = demo_config(
@@ -258,8 +259,8 @@ def batch_padded(lengths: list[int], batch: list[int], row_tokens: int | None = 
     (a row is one sequence, or with `row_tokens` the sequences pipeline.plan_rows puts together).
     Under flex, rows are at least row_tokens long, rounded up to whole 128-token tiles (Vela2Model.encode).
     """
-    from vela2.attention import padded_length
-    from vela2.packing import plan_rows
+    from vela2.model.attention import padded_length
+    from vela2.text.packing import plan_rows
 
     sub = [lengths[i] for i in batch]
     rows = [[k] for k in range(len(sub))] if row_tokens is None else plan_rows(sub, row_tokens)
@@ -277,9 +278,9 @@ def padded_cost(lengths: list[int], batches: list[list[int]], row_tokens: int | 
 
 def run_ahead(model, sequences: list, batches: list[list[int]], precision: str,
               row_tokens: int | None = None) -> None:
-    """`batches` (indices into `sequences`) through vela2.pipeline.run_ahead: one batch in flight, as the
+    """`batches` (indices into `sequences`) through vela2.scoring.pipeline.run_ahead: one batch in flight, as the
     worker's device loop runs them."""
-    from vela2 import pipeline
+    from vela2.scoring import pipeline
 
     for _ in pipeline.run_ahead(model, ([sequences[i] for i in b] for b in batches), precision, row_tokens):
         pass
@@ -293,7 +294,7 @@ def time_batches(model, sequences: list, batches: list[list[int]], precision: st
     Also reports the warm-up's seconds and the kernels torch.compile built in each pass (flex
     attention compiles per new shape, in the warm-up; a compile in the timed pass is a bug).
     """
-    from vela2.attention import compile_stats
+    from vela2.model.attention import compile_stats
 
     device = model.device
     warm = batches if warmup_batches <= 0 else batches[:warmup_batches]
@@ -348,7 +349,7 @@ def arm_stats(name: str, lengths: list[int], batches: list[list[int]], timing: d
 
 def prepare_all(model, rows: list[dict]) -> tuple[list, float]:
     """Validate and render every row (raises on a bad one: the workload must be valid)."""
-    from vela2.pipeline import prepare
+    from vela2.scoring.pipeline import prepare
 
     t0 = time.perf_counter()
     preps = [prepare(model, r) for r in rows]
@@ -368,16 +369,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     import transformers
 
     import vela2
-    import vela2.attention
-    import vela2.fused
-    from vela2.packing import pack
+    import vela2.model.attention
+    import vela2.model.fused
+    from vela2.text.packing import pack
 
     device = torch.device(args.device)
     arms = set(args.arms.split(","))
-    vela2.attention.COMPILE_DYNAMIC = False if args.flex_compile == "static" else None
+    vela2.model.attention.COMPILE_DYNAMIC = False if args.flex_compile == "static" else None
     if args.cuda_graph_tokens is None:
-        args.cuda_graph_tokens = vela2.fused.GRAPH_MAX_TOKENS
-    product_graph_tokens, vela2.fused.GRAPH_MAX_TOKENS = vela2.fused.GRAPH_MAX_TOKENS, 0  # graph_arms only
+        args.cuda_graph_tokens = vela2.model.fused.GRAPH_MAX_TOKENS
+    product_graph_tokens, vela2.model.fused.GRAPH_MAX_TOKENS = vela2.model.fused.GRAPH_MAX_TOKENS, 0  # graph_arms only
     t_start = time.perf_counter()
     rows = make_workload(seed=args.seed, copies=args.copies)
     if args.max_rows:
@@ -437,11 +438,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         results["ours_fp8"] = timed("ours_fp8", pack(lengths, args.max_batch_tokens, headline), headline, head_attn,
                                     precision="fp8")
     if "unfused" in arms:
-        vela2.fused.ENABLED = False
+        vela2.model.fused.ENABLED = False
         try:
             results["unfused"] = timed("unfused", pack(lengths, args.max_batch_tokens, headline), headline, head_attn)
         finally:
-            vela2.fused.ENABLED = True
+            vela2.model.fused.ENABLED = True
     plans: dict[str, Callable[[], list[list[int]]]] = {
         "batch1": lambda: [[i] for i in range(len(sequences))],
         "fixed32": lambda: fixed_batches(len(sequences), FIXED_BATCH),
@@ -545,7 +546,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             "layout": "qwen2", "hidden": args.hidden, "layers": args.layers, "intermediate": args.intermediate,
             "heads": args.heads, "kv_heads": args.kv_heads, "vocab": model.tokenizer.get_vocab_size(),
             "dtype": args.dtype, "precision": args.precision, "attention": args.attns,
-            "fused_decoder": vela2.fused.supported(model.backbone) is None, "compiled": vela2.fused.COMPILE,
+            "fused_decoder": vela2.model.fused.supported(model.backbone) is None, "compiled": vela2.model.fused.COMPILE,
             "flex_compile": args.flex_compile,
             "max_window_tokens": model.config.max_window_tokens, "params": params,
             "build_seconds": round(build_s, 2),
@@ -563,22 +564,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "arms": results,
         "wall_seconds": round(time.perf_counter() - t_start, 1),
     }
-    vela2.fused.GRAPH_MAX_TOKENS = product_graph_tokens
+    vela2.model.fused.GRAPH_MAX_TOKENS = product_graph_tokens
     return doc
 
 
 def graph_arms(model, results: dict[str, Any], latency: dict[str, Any], rows: list[dict], sequences: list,
                args: argparse.Namespace, batch1: Callable[[], dict[str, Any]]) -> None:
-    """batch1 and the sdpa latencies again with CUDA-graph replay (vela2.fused.GRAPH_MAX_TOKENS), and
+    """batch1 and the sdpa latencies again with CUDA-graph replay (vela2.model.fused.GRAPH_MAX_TOKENS), and
     what replay changes in the outputs (`graphs_vs_plain`); an exception (a capture that fails on this
     torch) is recorded as the arm's result."""
-    import vela2.fused
+    import vela2.model.fused
 
     arms = set(args.arms.split(","))
     precisions = [args.precision, *(["fp8"] if "fp8" in arms else [])]
     model.set_attention("sdpa")
     try:
-        vela2.fused.GRAPH_MAX_TOKENS = args.cuda_graph_tokens
+        vela2.model.fused.GRAPH_MAX_TOKENS = args.cuda_graph_tokens
         if "batch1" in arms:
             results["batch1_graphs"] = batch1()
         if "latency" in arms:
@@ -591,23 +592,23 @@ def graph_arms(model, results: dict[str, Any], latency: dict[str, Any], rows: li
         results.setdefault("batch1_graphs", {"error": f"{type(e).__name__}: {e}"})
         latency.setdefault("graphs_error", f"{type(e).__name__}: {e}")
     finally:
-        vela2.fused.GRAPH_MAX_TOKENS = 0
+        vela2.model.fused.GRAPH_MAX_TOKENS = 0
         model.set_attention(args.attns[0])
 
 
 def graphs_vs_plain(model, sequences: list, precision: str, graph_tokens: int, n: int = 48) -> dict[str, Any]:
     """Each of `n` sequences (spread over the lengths) alone through run_batch, replayed as a CUDA graph
     and launched plainly: the largest |logit diff| and the questions whose option argmax differs."""
-    import vela2.fused
-    from vela2.pipeline import run_batch
+    import vela2.model.fused
+    from vela2.scoring.pipeline import run_batch
 
     by_length = sorted(sequences, key=lambda s: s.num_tokens)
     picked = [by_length[i * len(by_length) // n] for i in range(min(n, len(by_length)))]
     diff, flips, questions = 0.0, 0, 0
     for seq in picked:
-        vela2.fused.GRAPH_MAX_TOKENS = graph_tokens
+        vela2.model.fused.GRAPH_MAX_TOKENS = graph_tokens
         (replayed,) = run_batch(model, [seq], precision)
-        vela2.fused.GRAPH_MAX_TOKENS = 0
+        vela2.model.fused.GRAPH_MAX_TOKENS = 0
         (plain,) = run_batch(model, [seq], precision)
         for q, logits in plain.options.items():
             diff = max(diff, float(np.abs(replayed.options[q] - logits).max()))
@@ -615,7 +616,7 @@ def graphs_vs_plain(model, sequences: list, precision: str, graph_tokens: int, n
             questions += 1
         for q, logits in plain.spans.items():
             diff = max(diff, float(np.abs(replayed.spans[q] - logits).max()))
-    vela2.fused.GRAPH_MAX_TOKENS = graph_tokens
+    vela2.model.fused.GRAPH_MAX_TOKENS = graph_tokens
     return {"sequences": len(picked), "option_questions": questions, "max_abs_logit_diff": diff,
             "argmax_diffs": flips}
 
@@ -623,7 +624,7 @@ def graphs_vs_plain(model, sequences: list, precision: str, graph_tokens: int, n
 def latency_arm(model, rows: list[dict], precision: str, row_tokens: int | None) -> dict[str, Any]:
     """Single-request latency: the fewest-token single-question row through vela2.predict alone, warm."""
     import vela2
-    from vela2.pipeline import prepare
+    from vela2.scoring.pipeline import prepare
 
     singles = [r for r in rows if len(r["questions"]) == 1]
     tokens = [sum(s.num_tokens for s in prepare(model, r).sequences) for r in singles]
@@ -646,7 +647,7 @@ def latency_arm(model, rows: list[dict], precision: str, row_tokens: int | None)
 def bundling_arm(model, rows: list[dict], args: argparse.Namespace, non_embedding: int,
                  peak_flops: float) -> dict[str, Any]:
     """Multi-question rows bundled (one sequence per window) vs every question as its own row."""
-    from vela2.packing import pack
+    from vela2.text.packing import pack
 
     bundled_rows = [r for r in rows if is_bundle(r)]
     if not bundled_rows:

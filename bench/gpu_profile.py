@@ -8,9 +8,9 @@ Builds the model of bench.gpu_engine (random bf16 weights, Qwen2 layout, 9B shap
 renders the seed-like mix and packs its first batch the way `ours` does (--max-batch-tokens
 padded tokens in rows of --row-tokens), or with --single one sequence alone (the workload's
 mean length, unpacked: batch1's shape). For each variant (path:precision; path "transformers" runs
-the backbone's own forward, vela2.fused.ENABLED off; "fused" the product's fused decoder; "graphs"
-the fused decoder replayed as a CUDA graph, vela2.fused.GRAPH_MAX_TOKENS on, sdpa only) it runs
-`vela2.pipeline.run_batch` on that batch: warm-ups (compiles), --iters timed with CUDA events
+the backbone's own forward, vela2.model.fused.ENABLED off; "fused" the product's fused decoder; "graphs"
+the fused decoder replayed as a CUDA graph, vela2.model.fused.GRAPH_MAX_TOKENS on, sdpa only) it runs
+`vela2.scoring.pipeline.run_batch` on that batch: warm-ups (compiles), --iters timed with CUDA events
 (median), then one run under torch.profiler. Kernels are put in classes by name:
 
     gemm         cuBLAS / CUTLASS / nvjet matrix kernels (bf16 GEMMs, fp8 _scaled_mm)
@@ -85,7 +85,7 @@ def profile_variant(model, sequences: list, row_tokens: int | None, precision: s
     """Warm up, time `iters` run_batch calls (median, CUDA events), profile one; the class table."""
     from torch.profiler import ProfilerActivity, profile
 
-    from vela2.pipeline import run_batch
+    from vela2.scoring.pipeline import run_batch
 
     for _ in range(2):  # compiles (first call) and first-use costs of new shapes
         run_batch(model, sequences, precision, row_tokens)
@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line, profile each variant, write the JSON, print the table."""
     from bench import gpu_engine
     from bench.workload import make_workload
-    from vela2 import fused
-    from vela2.packing import pack, plan_rows
+    from vela2.model import fused
+    from vela2.text.packing import pack, plan_rows
 
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/results/gpu-profile.json")

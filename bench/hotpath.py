@@ -9,7 +9,7 @@ For each shape (random weights in the layout of bench.gpu_engine: qwen2, window 
 (`short1`: short online rows of 5-60 words, one per message; `short16`: the same rows, 16 per
 message; `mix`: the seed-like mix of bench.workload, 8 rows per message), measured in this order:
 
-device_rows_per_s  vela2.pipeline.run_ahead alone over the workload's sequences, rendered beforehand
+device_rows_per_s  vela2.scoring.pipeline.run_ahead alone over the workload's sequences, rendered beforehand
                    (untimed) and packed as predict() packs them, one batch in flight: what the device
                    can do with the host's collating of the next batch hidden behind it.
 predict_rows_per_s vela2.predict over the rows in this process (render + pack + forward + decode).
@@ -80,8 +80,8 @@ def device_alone(model: Any, rows: list[dict[str, Any]], args: argparse.Namespac
     """run_ahead over pre-rendered sequences, packed as predict() packs them (after one untimed pass):
     one batch in flight, as predict() and the worker's device loop run them, so the baseline is the
     device's best with the host work of the next batch hidden."""
-    from vela2.packing import pack
-    from vela2.pipeline import prepare, run_ahead, run_batch
+    from vela2.scoring.pipeline import prepare, run_ahead, run_batch
+    from vela2.text.packing import pack
 
     seqs = [s for r in rows for s in prepare(model, r).sequences]
     batches = pack([s.num_tokens for s in seqs], args.max_batch_tokens, args.row_tokens or None)
@@ -278,8 +278,8 @@ def _workload_rows(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 def run_shape(shape: str, args: argparse.Namespace, work: Path, emit: Any) -> None:
     """Every workload of one model shape: device alone, predict(), then a fresh worker each."""
     import vela2
-    from vela2.checkpoint import serving_dtype
     from vela2.config import Vela2Config
+    from vela2.model.checkpoint import serving_dtype
 
     hidden, layers, heads, kv, inter = SHAPES[shape]
     shape_args = argparse.Namespace(**{**vars(args), "hidden": hidden, "layers": layers, "heads": heads,

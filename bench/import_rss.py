@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-_BASELINE = "import torch, safetensors, tokenizers, transformers, vela2.importing, vela2.cli"
+_BASELINE = "import torch, safetensors, tokenizers, transformers, vela2.train.importing, vela2.cli"
 
 
 def make_hf_dir(out: Path, model_type: str = "qwen2", *, hidden: int = 64, layers: int = 2, vocab: int = 640,
@@ -31,7 +31,7 @@ def make_hf_dir(out: Path, model_type: str = "qwen2", *, hidden: int = 64, layer
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from vela2.demo import corpus
+    from vela2.train.demo_model import corpus
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -75,7 +75,7 @@ def measure(params_m: float, model_type: str = "qwen2", shard_max_mb: int = 64, 
                          intermediate=2816, max_shard_size="200MB")
         weights_mb = sum(p.stat().st_size for p in hf.glob("*.safetensors")) / 2**20
         baseline = _child_peak_mb(_BASELINE)
-        peak = _child_peak_mb(f"{_BASELINE}; import sys; from vela2.importing import import_hf; "
+        peak = _child_peak_mb(f"{_BASELINE}; import sys; from vela2.train.importing import import_hf; "
                               f"import_hf(sys.argv[1], sys.argv[2], shard_max_bytes={shard_max_mb << 20})",
                               str(hf), str(Path(tmp) / "out"))
         out_mb = sum(p.stat().st_size for p in (Path(tmp) / "out").glob("*.safetensors")) / 2**20

@@ -653,7 +653,7 @@ def cpu_checkpoint(kind: str, cache_dir: Path) -> tuple[Path, dict[str, Any]]:
 
         log.info("writing the demo checkpoint to %s", path)
         return vela2.init_demo(path), {}
-    from vela2.demo import demo_calibration, demo_config, demo_tokenizer
+    from vela2.train.demo_model import demo_calibration, demo_config, demo_tokenizer
 
     tok = demo_tokenizer()
     path.mkdir(parents=True, exist_ok=True)
@@ -833,7 +833,7 @@ def cpu_notes(ratio: float, ours: dict[str, Any], plain: dict[str, Any], profile
 
 def bench_config(args: argparse.Namespace, vocab_size: int) -> Any:
     """bench.gpu_engine's model config (Qwen2 layout, the release window and overlap)."""
-    from vela2.demo import demo_config
+    from vela2.train.demo_model import demo_config
 
     config = demo_config(
         name=args.model_name, vocab_size=vocab_size, hidden_size=args.hidden, intermediate_size=args.intermediate,
@@ -848,7 +848,7 @@ def write_bench_checkpoint(path: Path, args: argparse.Namespace) -> Path:
     """A checkpoint directory without weights: config.json, tokenizer.json, calibration.json. Workers
     serve it with VELA2_RANDOM_WEIGHTS=1 (seeded random weights built on their device)."""
     from bench.gpu_engine import bench_tokenizer
-    from vela2.demo import demo_calibration, demo_tokenizer
+    from vela2.train.demo_model import demo_calibration, demo_tokenizer
 
     tok = bench_tokenizer() if args.tokenizer == "bench" else demo_tokenizer()
     path.mkdir(parents=True, exist_ok=True)
@@ -906,7 +906,7 @@ def _load_engine_model(args: argparse.Namespace, ckpt: Path) -> Any:
     import torch
 
     import vela2
-    from vela2.checkpoint import serving_dtype
+    from vela2.model.checkpoint import serving_dtype
 
     model = vela2.load(ckpt, device=args.device, dtype=serving_dtype(args.precision), random_weights=True)
     if args.attn != "sdpa":
@@ -963,10 +963,10 @@ def run_gpu(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         model_doc = _model_doc(args, ckpt)
         log.info("checkpoint (no weights) in %s; workload %d rows", ckpt, len(rows))
         engine: dict[str, Any] | None = None
-        # The engine alone runs what the workers run: their row packing only where worker.engine has it.
+        # The engine alone runs what the workers run: their row packing only where worker.engine.loop has it.
         engine_row_tokens = args.row_tokens or None
         if engine_row_tokens and not _worker_supports_row_tokens():
-            log.warning("worker.engine.EngineSettings has no row_tokens: workers run one sequence per row, "
+            log.warning("worker.engine.loop.EngineSettings has no row_tokens: workers run one sequence per row, "
                         "so the engine alone does too (row_tokens %d ignored)", args.row_tokens)
             engine_row_tokens = None
         if not args.skip_engine:

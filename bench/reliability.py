@@ -8,7 +8,7 @@ request it sent.
 
 Every scenario is self-contained: its own redis-server on a free loopback port in a temporary
 directory (AOF on where a restart must keep the queue), its own workers configured through VELA2_*
-variables (plus worker.faults' test-only VELA2_TEST_* hooks where a fault is injected), its own
+variables (plus stack.faults' test-only VELA2_TEST_* hooks where a fault is injected), its own
 requests; both come from the process harness (stack.harness), and the workers' counts from the
 engine's JSON stats line at shutdown. After the scenario settles, every request id is read back:
 
@@ -60,12 +60,12 @@ from urllib.parse import urlsplit, urlunsplit
 import redis as redis_lib
 
 from producer.client import Client
+from stack.faults import Faults
 from stack.harness import READY_TIMEOUT_S, RabbitVhost, RedisServer, WorkerProcess, free_port
 from vela2.errors import LimitExceeded
-from vela2.redis_url import mask_url
 from vela2.wire import keys
 from vela2.wire.messages import MAX_JSON_DEPTH, build_message
-from worker.faults import TEST_CRASH_ENV, TEST_DELAY_ENV, TEST_FAIL_ENV, TEST_OOM_ENV
+from vela2.wire.urls import mask_url
 
 log = logging.getLogger("bench.reliability")
 
@@ -192,7 +192,7 @@ class Suite:
         """A short visibility timeout that a worker with these settings accepts at start: the
         worker's own rule with the worst batch measured here (once per batch size), times `margin`
         (a worker measures its worst batch on a machine busy with other processes), at least 8 s."""
-        from worker.startup import required_visibility_s
+        from worker.runtime.checks import required_visibility_s
 
         worst = self.worst_batch_s.get(max_batch_tokens)
         if worst is None:
@@ -229,8 +229,8 @@ def _model(checkpoint: Path) -> Any:
 
 
 def _measure_worst(checkpoint: Path, max_batch_tokens: int) -> float:
+    from worker.runtime.warmup import measure_worst_batch_s
     from worker.settings import EngineSettings
-    from worker.startup import measure_worst_batch_s
 
     settings = EngineSettings(max_batch_tokens=max_batch_tokens, precision="fp32")  # the fp32 model on this CPU
     return measure_worst_batch_s(_model(checkpoint), settings)
@@ -577,7 +577,7 @@ def scenario_sigkill(s: Suite, out: Outcome) -> None:
     delay = 0.3
     settings = {"max_batch_tokens": 128, "max_buffered": 6}  # 2 short rows per batch, 4 more buffered
     vis = s.visibility_for(128, delay_s=delay)
-    w1 = s.worker(r.url(), env={TEST_DELAY_ENV: str(delay)}, visibility_timeout_s=vis, **settings).wait_ready()
+    w1 = s.worker(r.url(), faults=Faults(delay_s=delay), visibility_timeout_s=vis, **settings).wait_ready()
     client = Client(r.url(), model=MODEL)
     tr = Tracker(r.url())
     n = s.n(800)
@@ -623,7 +623,7 @@ def scenario_sigterm(s: Suite, out: Outcome) -> None:
     tr.add(client.submit_many(good_rows("term", n)))
     # 1. during a batch
     w1 = s.worker(
-        r.url(), env={TEST_DELAY_ENV: "0.5"}, max_batch_tokens=128, max_buffered=12, shutdown_timeout_s=1
+        r.url(), faults=Faults(delay_s=0.5), max_batch_tokens=128, max_buffered=12, shutdown_timeout_s=1
     ).wait_ready()
     wait_until(lambda: unacked(rc) >= 12 and tr.poll() < n, 120, "worker 1 holding a full buffer mid-batch")
     t0 = time.monotonic()
@@ -968,8 +968,8 @@ def scenario_oom(s: Suite, out: Outcome) -> None:
     any batch holding an `oom-` request raises (it fails alone: a per-request model_error)."""
     r = s.redis()
     rc = r.client()
-    env = {TEST_OOM_ENV: "600", TEST_FAIL_ENV: "oom-"}
-    w = s.worker(r.url(), env=env, max_wait_ms=50).wait_ready()
+    faults = Faults(oom_above_tokens=600, fail_prefix="oom-")
+    w = s.worker(r.url(), faults=faults, max_wait_ms=50).wait_ready()
     tr = Tracker(r.url())
     client = Client(r.url(), model=MODEL)
     good = good_rows("good", s.n(1000))
@@ -1063,7 +1063,7 @@ def scenario_visibility(s: Suite, out: Outcome) -> None:
     short = s.visibility_for(2048)
     # worker 1: ~2 rows per 1 s batch and 32 buffered, so a message waits there far longer than `short`
     w1 = s.worker(
-        r.url(), env={TEST_DELAY_ENV: str(delay)}, max_batch_tokens=128, max_buffered=32, visibility_timeout_s=3600
+        r.url(), faults=Faults(delay_s=delay), max_batch_tokens=128, max_buffered=32, visibility_timeout_s=3600
     ).wait_ready()
     tr = Tracker(r.url())
     client = Client(r.url(), model=MODEL)
@@ -1103,13 +1103,13 @@ def scenario_poison(s: Suite, out: Outcome) -> None:
     rc = r.client()
     settings = {"max_buffered": 2, "max_batch_tokens": 768, "max_wait_ms": 50}
     vis = s.visibility_for(768)
-    env = {TEST_CRASH_ENV: "poison-"}
+    faults = Faults(crash_prefix="poison-")
     tr = Tracker(r.url())
     client = Client(r.url(), model=MODEL)
     rows = good_rows("good", s.n(200))
     rows.insert(len(rows) // 3, good_row("poison-1", 1))
     tr.add(client.submit_many(rows))
-    workers = [s.worker(r.url(), env=env, visibility_timeout_s=vis, **settings)]
+    workers = [s.worker(r.url(), faults=faults, visibility_timeout_s=vis, **settings)]
     exits: list[int] = []
     t0 = time.monotonic()
     while not (tr.poll() == 0 and drained(rc)):
@@ -1119,7 +1119,7 @@ def scenario_poison(s: Suite, out: Outcome) -> None:
             exits.append(workers[-1].wait_exit(5))
             if len(exits) > 6:
                 break  # an endless crash loop: stop here, the checks below fail
-            workers.append(s.worker(r.url(), env=env, visibility_timeout_s=vis, **settings))
+            workers.append(s.worker(r.url(), faults=faults, visibility_timeout_s=vis, **settings))
         time.sleep(POLL_S)
     stop_all([w for w in workers if w.alive()], out)
     raws = out.settle(tr)
@@ -1315,7 +1315,7 @@ def scenario_redis_full(s: Suite, out: Outcome) -> None:
     # (b) fill while a worker scores
     delay = 0.5
     settings: dict[str, Any] = {"max_batch_tokens": 128, "max_buffered": 6}  # 2 rows per 0.5 s batch, 4 buffered
-    wb = s.worker(r.url(), env={TEST_DELAY_ENV: str(delay)}, metrics=True, **settings).wait_ready()
+    wb = s.worker(r.url(), faults=Faults(delay_s=delay), metrics=True, **settings).wait_ready()
     pid_b = wb.pid
     rows_b = good_rows("fullrun", s.n(60, minimum=40))
     tr.add(client.submit_many(rows_b))
@@ -1881,7 +1881,7 @@ def amqp_sigkill(s: Suite, out: Outcome) -> None:
     r, v = s.redis(), s.vhost()
     delay = 0.3
     settings = {"max_batch_tokens": 128, "max_buffered": 6}
-    w1 = s.worker(r.url(), env={TEST_DELAY_ENV: str(delay)}, **settings).wait_ready()
+    w1 = s.worker(r.url(), faults=Faults(delay_s=delay), **settings).wait_ready()
     client = Client(r.url(), model=MODEL, broker_url=v.url)
     tr = Tracker(r.url())
     n = s.n(800)
@@ -1915,7 +1915,7 @@ def amqp_sigterm(s: Suite, out: Outcome) -> None:
     tr = Tracker(r.url())
     n = s.n(400, minimum=40)
     tr.add(client.submit_many(good_rows("term", n)))
-    w1 = s.worker(r.url(), env={TEST_DELAY_ENV: "0.5"}, max_batch_tokens=128, max_buffered=12,
+    w1 = s.worker(r.url(), faults=Faults(delay_s=0.5), max_batch_tokens=128, max_buffered=12,
                   shutdown_timeout_s=1).wait_ready()
     wait_until(lambda: 0 < n - tr.poll(), 120, "worker 1 mid-run")
     rc1 = w1.terminate()
@@ -1949,7 +1949,7 @@ def amqp_broker_drop(s: Suite, out: Outcome) -> None:
     tr = Tracker(r.url())
     n = s.n(400, minimum=40)
     tr.add(client.submit_many(good_rows("drop", n)))
-    w = s.worker(r.url(), env={TEST_DELAY_ENV: "0.2"}, max_batch_tokens=128, max_buffered=12).wait_ready()
+    w = s.worker(r.url(), faults=Faults(delay_s=0.2), max_batch_tokens=128, max_buffered=12).wait_ready()
     wait_until(lambda: tr.poll() < n - 4, 120, "the worker answering")
     v.drop_connections("vela2 reliability: broker drop")
     more = good_rows("after", s.n(40, minimum=8))
@@ -2001,13 +2001,13 @@ def amqp_poison(s: Suite, out: Outcome) -> None:
     r, v = s.redis(), s.vhost()
     rc = r.client()
     settings = {"max_buffered": 2, "max_batch_tokens": 768, "max_wait_ms": 50}
-    env = {TEST_CRASH_ENV: "poison-"}
+    faults = Faults(crash_prefix="poison-")
     tr = Tracker(r.url())
     client = Client(r.url(), model=MODEL, broker_url=v.url)
     rows = good_rows("good", s.n(200))
     rows.insert(len(rows) // 3, good_row("poison-1", 1))
     tr.add(client.submit_many(rows))
-    workers = [s.worker(r.url(), env=env, **settings)]
+    workers = [s.worker(r.url(), faults=faults, **settings)]
     exits: list[int] = []
     t0 = time.monotonic()
     while not (tr.poll() == 0 and amqp_drained(v)):
@@ -2017,7 +2017,7 @@ def amqp_poison(s: Suite, out: Outcome) -> None:
             exits.append(workers[-1].wait_exit(5))
             if len(exits) > 6:
                 break  # an endless crash loop: stop here, the checks below fail
-            workers.append(s.worker(r.url(), env=env, **settings))
+            workers.append(s.worker(r.url(), faults=faults, **settings))
         time.sleep(POLL_S)
     stop_all([w for w in workers if w.alive()], out)
     raws = out.settle(tr)
@@ -2055,7 +2055,7 @@ def amqp_malformed(s: Suite, out: Outcome) -> None:
     """scenario_malformed on RabbitMQ: undecodable bodies, wrong task names (a Celery built-in too),
     schema-invalid payloads, bad headers, a wrong content type, protocol 1, a body kombu cannot
     decompress and deliveries that are no Celery message at all, published raw among good traffic.
-    The worker's consumer triages every delivery before Celery dispatches it (worker.amqp): every
+    The worker's consumer triages every delivery before Celery dispatches it (worker.transport.amqp): every
     bad one that carries an id gets an error answer of the right type, those without go to the
     dead-letter list with their reason, each acked only after that is stored; the good ones are all
     answered ok and the worker keeps running."""
@@ -2233,7 +2233,7 @@ def amqp_broker_restart(s: Suite, out: Outcome) -> None:
     n = s.n(400, minimum=40)
     tr.add(client.submit_many(good_rows("restart", n)))
     client.close()
-    w = s.worker(r.url(), env={TEST_DELAY_ENV: "0.2"}, max_batch_tokens=128, max_buffered=12).wait_ready()
+    w = s.worker(r.url(), faults=Faults(delay_s=0.2), max_batch_tokens=128, max_buffered=12).wait_ready()
     wait_until(lambda: tr.poll() < n - 4, 120, "the worker answering")
     prod = Producer(r.url(), good_rows("during", s.n(200, minimum=30)), per_s=10, broker_url=v.url)
     prod.start()
@@ -2265,7 +2265,7 @@ def amqp_broker_restart(s: Suite, out: Outcome) -> None:
 
 
 # Run instead of SCENARIOS with --broker amqp://... `malformed` publishes its bad deliveries raw to
-# the quorum queue (the worker's consumer triages them, worker.amqp); `broker_restart` stops and
+# the quorum queue (the worker's consumer triages them, worker.transport.amqp); `broker_restart` stops and
 # starts the RabbitMQ application of this host's node (left running whatever happens; not while
 # other vhosts have clients). Not here: those about Redis as broker (redis_restart, redis_down,
 # redis_full, visibility: RabbitMQ has no visibility timeout) or that LPUSH raw Redis list items

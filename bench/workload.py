@@ -7,7 +7,7 @@ Person names, companies, e-mails, phone numbers, addresses and dates are real sl
 so span labels (PII, NER, QA) point at text that fits them; `gold=True` adds those spans to span rows.
 
 Rows per copy (`SEED_COUNTS` + `CONSTRUCTED_COUNT` = 240) and lengths in words, where a word is one
-unit of vela2's word splitter (`vela2.rendering.WORD_RE`: punctuation marks count), drawn uniformly
+unit of vela2's word splitter (`vela2.text.rendering.WORD_RE`: punctuation marks count), drawn uniformly
 in the range below for the target; a text ends at the first sentence boundary past its target, so it
 runs up to a sentence (about 10-20 words) longer. Question blocks come on top.
 
@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from vela2.rendering import WORD_RE
+from vela2.text.rendering import WORD_RE
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from producer.client import (
     result_expired_error,
     unanswered,
 )
-from vela2.schemas import RowResult
+from vela2.api.schemas import RowResult
 from vela2.wire import tracing
 from vela2.wire.connections import async_redis_client
 from vela2.wire.keys import is_amqp_url, queue_name, submitted_key

@@ -77,9 +77,13 @@ from producer.client import (
     prepare_request,
     result_expired_error,
 )
+from vela2.api.schemas import Status, error_result, guess_id_task
+from vela2.api.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
 from vela2.config import LIMITS
 from vela2.errors import ConfigError, InvalidRequest, LimitExceeded, Vela2Error
-from vela2.redis_url import (
+from vela2.wire.keys import HEARTBEAT_S, id_problem, priority_lists, queue_name, result_key, workers_key
+from vela2.wire.messages import build_message, deadline_to_expires, decode_json, request_id
+from vela2.wire.urls import (
     BROKER_SCHEMES,
     ENV_BROKER_URL,
     RESULT_STORE_SCHEMES,
@@ -87,10 +91,6 @@ from vela2.redis_url import (
     check_url,
     url_from_args,
 )
-from vela2.schemas import Status, error_result, guess_id_task
-from vela2.systemone import SYSTEM_ONE_VERSION, error_answer, is_system_one
-from vela2.wire.keys import HEARTBEAT_S, id_problem, priority_lists, queue_name, result_key, workers_key
-from vela2.wire.messages import build_message, deadline_to_expires, decode_json, request_id
 
 log = logging.getLogger(__name__)
 

@@ -2,12 +2,12 @@
 
     client = Client("redis://127.0.0.1:6379/0", model="vela2-demo")
     rid = client.submit({"id": "r-1", "task": "choice:boolq", "text": "...", "questions": [...]})
-    result = client.result(rid, timeout_s=30)          # a vela2.schemas.RowResult
+    result = client.result(rid, timeout_s=30)          # a vela2.api.schemas.RowResult
     answer = client.answer(rid, timeout_s=30)          # the product answer dict (SystemOne or row)
 
 A client serves one model: `model` names its queues (`vela2.<model>` online, drained first, and
 `vela2.<model>.backfill` with `backfill=True`). Every request is validated before it is queued
-(rows with `vela2.schemas.parse_row`, SystemOne requests with `vela2.systemone.parse_request`), so a
+(rows with `vela2.api.schemas.parse_row`, SystemOne requests with `vela2.api.systemone.parse_request`), so a
 bad request fails here with the same clear message the worker would give: InvalidRequest,
 LimitExceeded (a message over `LIMITS.max_message_bytes` included) or ModelMismatch (a SystemOne
 request naming another model). `deadline_s` sets Celery's `expires` header: after it the worker
@@ -44,9 +44,9 @@ import redis.exceptions
 from pydantic import BaseModel
 
 from producer import brokers
+from vela2.api.schemas import RowResult, Status, error_result, parse_row
 from vela2.config import LIMITS
 from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired, Vela2Error
-from vela2.schemas import RowResult, Status, error_result, parse_row
 from vela2.wire import tracing
 from vela2.wire.connections import redis_client
 from vela2.wire.keys import (
@@ -108,7 +108,7 @@ REQUEST_ERROR_TYPES = {InvalidRequest.code, LimitExceeded.code}  # the caller's 
 
 
 def http_status(answer: dict[str, Any]) -> int:
-    """The HTTP status of a stored answer (producer.http's table; OpenAI-batch output lines carry it)."""
+    """The HTTP status of a stored answer (producer.http.app's table; OpenAI-batch output lines carry it)."""
     status = answer.get("status")
     if status == Status.ok:
         return 200
@@ -187,9 +187,9 @@ def prepare_request(request: Any, model: str, *, validate: bool = True) -> tuple
     """
     obj = _as_json(request)
     if validate:
-        # Imported on use: vela2.systemone pulls numpy (vela2.calibration), which a client that only
+        # Imported on use: vela2.api.systemone pulls numpy (vela2.model.calibration), which a client that only
         # sends rows does not need.
-        from vela2 import systemone
+        from vela2.api import systemone
 
         if systemone.is_system_one(obj):
             parsed = systemone.parse_request(obj)
@@ -202,12 +202,12 @@ def prepare_request(request: Any, model: str, *, validate: bool = True) -> tuple
 
 
 def check_words(text: str) -> None:
-    """The worker's word limit (LIMITS.max_text_words, words as vela2.rendering splits them), checked
+    """The worker's word limit (LIMITS.max_text_words, words as vela2.text.rendering splits them), checked
     at the caller: LimitExceeded with the worker's message. A text of at most that many characters
     cannot have more words, so only longer ones are split (the splitter is imported on first use)."""
     if len(text) <= LIMITS.max_text_words:
         return
-    from vela2.rendering import split_words
+    from vela2.text.rendering import split_words
 
     n_words = len(split_words(text))
     if n_words > LIMITS.max_text_words:

@@ -44,11 +44,10 @@ import redis.exceptions
 from producer import brokers
 from producer.backfill import ENV_MODEL, check_seconds
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client, http_status, pack_messages, prepare_request
+from vela2.api.schemas import Status, cancelled_result, error_result, guess_id_task
+from vela2.api.systemone import error_answer, is_system_one, parse_request, to_answer
 from vela2.config import LIMITS
 from vela2.errors import ConfigError, InvalidRequest, JobNotFound, Vela2Error
-from vela2.redis_url import add_url_arguments, url_from_args
-from vela2.schemas import Status, cancelled_result, error_result, guess_id_task
-from vela2.systemone import error_answer, is_system_one, parse_request, to_answer
 from vela2.wire.jobs import (
     BEAT_SCRIPT,
     CANCEL_JOB_SCRIPT,
@@ -70,6 +69,7 @@ from vela2.wire.jobs import (
 from vela2.wire.keys import id_problem, job_ids_key, job_key, jobs_key, queue_name, result_key, scoped_id
 from vela2.wire.messages import build_message, decode_json, request_id
 from vela2.wire.results import DEFAULT_RESULT_EXPIRES_S, ResultStore, parse_answer, row_meta
+from vela2.wire.urls import add_url_arguments, url_from_args
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from typing import Any
 import redis
 
 from producer.client import DEFAULT_REDIS_URL
-from vela2.redis_url import ENV_BROKER_URL, add_url_arguments, mask_url, url_from_args
 from vela2.wire import fleet, keys
 from vela2.wire.connections import redis_client
+from vela2.wire.urls import ENV_BROKER_URL, add_url_arguments, mask_url, url_from_args
 
 EXIT_REDIS_UNAVAILABLE = 3
 SCAN_COUNT = 1000  # keys per SCAN step while looking for models

@@ -21,8 +21,8 @@ from typing import Any
 from producer.client import Client
 from stack.harness import WorkerProcess, embedded_redis
 from vela2.config import Vela2Config
-from vela2.redis_url import ENV_BROKER_URL, mask_url
 from vela2.wire.results import read_answers
+from vela2.wire.urls import ENV_BROKER_URL, mask_url
 
 WORKER_START_TIMEOUT_S = 120.0  # model load + warm-up batch on a slow CPU
 ANSWER_TIMEOUT_S = 120.0
@@ -31,8 +31,8 @@ ANSWER_TIMEOUT_S = 120.0
 def sample_requests(model_name: str) -> tuple[list[dict], dict, list[dict]]:
     """(online requests, a bad row, a bulk chunk of rows): every request type the product takes, over
     customer messages like the ones the demo model was trained on."""
-    from vela2.demo import sample_rows
-    from vela2.synthetic import QUESTIONS, SPAN_LABELS
+    from vela2.train.demo_model import sample_rows
+    from vela2.train.synthetic import QUESTIONS, SPAN_LABELS
 
     rows = sample_rows()
     long_choice = {
@@ -186,7 +186,7 @@ def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 40
                     print(f"demo FAILED: {e}")
                     return 1
                 print(f"worker ready in {worker.ready_s:.1f} s (pid {worker.pid}, model {model_name})")
-                from vela2.demo import DESCRIPTION_FILE  # late: vela2.demo imports torch
+                from vela2.train.demo_model import DESCRIPTION_FILE  # late: vela2.train.demo_model imports torch
 
                 about = Path(checkpoint) / DESCRIPTION_FILE
                 print(f"the model: {about.read_text().strip() if about.is_file() else model_name}")

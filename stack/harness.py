@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.engine import STATS_LOG_PREFIX
+from stack.faults import Faults
+from worker.engine.loop import STATS_LOG_PREFIX
 from worker.settings import to_env
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout (children get it first on PYTHONPATH)
@@ -264,10 +265,14 @@ def embedded_redis(workdir: Path) -> Iterator[tuple[str, str]]:
         fake.server_close()
 
 
-def worker_command(hostname: str) -> list[str]:
-    """The command line of a worker process configured by VELA2_* variables (`celery -A worker.app`)."""
-    return [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "--loglevel", "INFO",
-            "--without-mingle", "--without-gossip", "--without-heartbeat", "--hostname", hostname]
+def worker_command(hostname: str, faults: Faults | None = None) -> list[str]:
+    """The command line of a worker process configured by VELA2_* variables (`celery -A worker.app`;
+    with `faults`, `python -m stack.faults`, which runs the same worker with them injected)."""
+    options = ["--loglevel", "INFO", "--without-mingle", "--without-gossip", "--without-heartbeat",
+               "--hostname", hostname]
+    if faults is not None:
+        return [sys.executable, "-m", "stack.faults", *faults.argv(), "--", *options]
+    return [sys.executable, "-m", "celery", "-A", "worker.app", "worker", *options]
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -294,15 +299,16 @@ class WorkerProcess:
     @classmethod
     def start(cls, redis_url: str, checkpoint: str | Path | None, log_path: Path, *, name: str = "w",
               env: dict[str, str] | None = None, command: list[str] | None = None,
-              **settings: Any) -> WorkerProcess:
+              faults: Faults | None = None, **settings: Any) -> WorkerProcess:
         """Start a worker with these settings (flat worker.settings names); `env` adds variables
-        (VELA2_TEST_* fault hooks, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES); `command` replaces
-        `worker_command` (a profiled worker, say). Not yet ready: call wait_ready()."""
+        (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES); `faults` injects faults (stack.faults: the worker
+        runs under `python -m stack.faults`); `command` replaces `worker_command` (a profiled worker,
+        say). Not yet ready: call wait_ready()."""
         values = {"redis_url": redis_url, "checkpoint": str(checkpoint) if checkpoint else None, **settings}
         environ = child_env({**to_env(values), **(env or {})})
         log_path = Path(log_path)
         with open(log_path, "wb") as out:  # the child keeps its own descriptor
-            proc = subprocess.Popen(command or worker_command(f"{name}@%h"), env=environ, stdout=out,
+            proc = subprocess.Popen(command or worker_command(f"{name}@%h", faults), env=environ, stdout=out,
                                     stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=die_with_parent)
         return cls(name, proc, log_path, int(settings.get("metrics_port") or 0))
 

@@ -251,7 +251,7 @@ def systemone_section(model, precision: str) -> dict[str, Any]:
     """SystemOne answers vs the predict() results of the same rows: max |diff| and decision
     mismatches; and the route function refusing another model's name."""
     import vela2
-    from vela2.systemone import parse_request, system_one_request, to_row
+    from vela2.api.systemone import parse_request, system_one_request, to_row
 
     max_diff, mismatches, n = 0.0, 0, 0
     for req in system_one_requests(model.name):
@@ -373,7 +373,7 @@ def run_parity(checkpoint: str, rows: list[dict], *, redis_url: str | None = Non
     import tempfile
 
     import vela2
-    from vela2.checkpoint import load, serving_dtype
+    from vela2.model.checkpoint import load, serving_dtype
 
     rows = debug_rows(rows)
     times: dict[str, float] = {}

@@ -117,8 +117,8 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def untrained_demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo model before training (seeded random weights) as a checkpoint: what the tests of
     `vela2 train` start from."""
-    from vela2.checkpoint import save
-    from vela2.demo import untrained_demo_model
+    from vela2.model.checkpoint import save
+    from vela2.train.demo_model import untrained_demo_model
 
     path = tmp_path_factory.mktemp("demo-untrained") / "ckpt"
     save(untrained_demo_model(), path)

@@ -113,7 +113,7 @@ class SentinelCluster:
         self.servers = {self.master.port: self.master, self.replica.port: self.replica}
 
     def url(self, db: int = 0, password: str | None = None) -> str:
-        """The sentinel:// URL naming every sentinel and the master (vela2.redis_url's form)."""
+        """The sentinel:// URL naming every sentinel and the master (vela2.wire.urls's form)."""
         auth = f":{password}@" if password else ""
         hosts = [f"sentinel://{auth}127.0.0.1:{s.port}/{db}" for s in self.sentinels]
         spw = f"&sentinel_password={self.sentinel_password}" if self.sentinel_password else ""

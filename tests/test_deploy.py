@@ -27,7 +27,7 @@ from vela2.wire.keys import backfill_queue, online_queue
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "deploy" / "launch-workers.sh"
-# The model name the examples use: vela2.demo.DEMO_NAME (importing vela2.demo would load torch).
+# The model name the examples use: vela2.train.demo_model.DEMO_NAME (importing vela2.train.demo_model would load torch).
 DEMO_MODEL = "vela2-demo"
 # Environment variables a service may use besides VELA2_*: well-known names of other tools.
 STANDARD_ENV = {

@@ -75,8 +75,8 @@ def _heavy_after(imports: str, heavy: tuple[str, ...]) -> None:
 
 @pytest.mark.integration  # a python subprocess
 def test_the_producer_imports_without_torch_or_celery() -> None:
-    _heavy_after("import producer, producer.aio, producer.http, producer.backfill, producer.client, producer.testing, "
-                 "producer.pytest_plugin",
+    _heavy_after("import producer, producer.aio, producer.http.app, producer.backfill, producer.client, "
+                 "producer.testing, producer.testing.pytest_plugin",
                  ("torch", "celery", "kombu", "transformers"))
 
 

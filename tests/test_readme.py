@@ -85,7 +85,7 @@ def test_the_systemone_example_is_a_valid_request_and_the_shape_of_its_answer(ve
 
     from producer import Client
     from producer.testing import FakeWorker
-    from vela2.systemone import SCHEMA_DIR, SCHEMA_FILES, SystemOneAnswer, parse_request
+    from vela2.api.systemone import SCHEMA_DIR, SCHEMA_FILES, SystemOneAnswer, parse_request
 
     [request_text], [answer_text] = examples("systemone-request"), examples("systemone-answer")
     request, answer = json.loads(request_text), json.loads(answer_text)

@@ -41,7 +41,7 @@ def missing_extra(e: ImportError) -> str | None:
 
 
 def _load(checkpoint: str, device: str, precision: str):
-    from vela2.checkpoint import load, serving_dtype
+    from vela2.model.checkpoint import load, serving_dtype
 
     return load(checkpoint, device=device, dtype=serving_dtype(precision))
 
@@ -69,7 +69,7 @@ def read_jsonl(path: str) -> list[tuple[Any, Vela2Error | None]]:
 
 
 def cmd_init_demo(args: argparse.Namespace) -> int:
-    from vela2.demo import init_demo
+    from vela2.train.demo_model import init_demo
 
     path = init_demo(args.dir)
     print(f"demo checkpoint written to {path}")
@@ -77,8 +77,8 @@ def cmd_init_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from vela2.schemas import error_result
-    from vela2.systemone import predict_mixed
+    from vela2.api.schemas import error_result
+    from vela2.api.systemone import predict_mixed
 
     precision = args.precision or default_precision(args.device)  # the worker's default: bf16 on CUDA, else fp32
     model = _load(args.checkpoint, args.device, precision)
@@ -98,14 +98,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from vela2.fitting import calibrate_command
+    from vela2.train.calibrate import calibrate_command
 
     return calibrate_command(args.checkpoint, args.dev, out=args.out, report_path=args.report,
                              device=args.device, precision=args.precision or default_precision(args.device))
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from vela2.evaluation import eval_command
+    from vela2.train.evaluate import eval_command
 
     return eval_command(args.checkpoint, args.rows, json_path=args.json, device=args.device,
                         precision=args.precision or default_precision(args.device),
@@ -113,7 +113,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from vela2.training import TrainOptions, train_command
+    from vela2.train.training import TrainOptions, train_command
 
     given = {k: getattr(args, k) for k in ("epochs", "lr", "max_batch_tokens", "seed", "span_pos_weight",
                                            "lr_schedule")}
@@ -124,7 +124,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from vela2.importing import import_command
+    from vela2.train.importing import import_command
 
     return import_command(args.hf_dir, args.out, name=args.name, window=args.window)
 
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode = s.add_mutually_exclusive_group()
     mode.add_argument("--heads-only", dest="full", action="store_false", help="train the heads only (default)")
     mode.add_argument("--full", dest="full", action="store_true", help="train the backbone too")
-    # None: TrainOptions' default (vela2.training), so that --help does not import torch
+    # None: TrainOptions' default (vela2.train.training), so that --help does not import torch
     s.add_argument("--epochs", type=int, default=None, help="passes over TRAIN (default 3)")
     s.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 1e-3)")
     s.add_argument("--lr-schedule", choices=("constant", "linear"), default=None,

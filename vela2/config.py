@@ -11,7 +11,7 @@ from vela2.errors import CheckpointError
 
 TASK_TYPES = ("choice", "score", "set", "span")
 # run_batch precisions: bf16 (GEMMs and attention in bf16), fp32, or fp8 (opt-in: backbone GEMMs in float8
-# e4m3, per-channel weight / per-token activation scales; vela2.fused), never a default
+# e4m3, per-channel weight / per-token activation scales; vela2.model.fused), never a default
 PRECISIONS = ("bf16", "fp32", "fp8")
 DEFAULT_MAX_BATCH_TOKENS = 16_384  # padded tokens (longest x count) per device batch, everywhere
 

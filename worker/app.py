@@ -8,9 +8,10 @@ backend (`redis_url`) holds the results. JSON only. One queue per model (`vela2.
 before its backfill queue (`vela2.<model>.backfill`): on Redis kombu's `queue_order_strategy=priority`
 BRPOPs the queues in the listed order; on RabbitMQ (quorum queues) each queue has its own consumer
 and prefetch credit, and the engine runs held online requests first. Pool solo, one process per
-device: the `vela2.score` task's Strategy hands every message to the engine (worker.engine) instead of the pool, and the
-engine acks a message only after all its results are stored; what is no message of ours is wrapped
-before it gets there (the Redis channel, worker.broker; on RabbitMQ the consumer, worker.amqp) and
+device: the `vela2.score` task's Strategy hands every message to the engine (worker.engine) instead
+of the pool, and the engine acks a message only after all its results are stored; what is no
+message of ours is wrapped before it gets there (the Redis channel, worker.transport.redis; on
+RabbitMQ the consumer, worker.transport.amqp) and
 answered or dead-lettered by the engine. The prefetch count (max_buffered)
 bounds what the engine holds; at start the worker measures its worst batch and refuses to run
 when the visibility timeout could expire on a message it still holds.
@@ -27,13 +28,14 @@ from celery import Celery, Task, bootsteps, signals
 from kombu import Queue
 
 from vela2.errors import ConfigError, Vela2Error
-from vela2.redis_url import SentinelUrl, is_sentinel_url, parse_sentinel_url
 from vela2.wire import keys
-from worker import logs
-from worker.broker import ssl_options
-from worker.engine import Delivery, Engine
+from vela2.wire.urls import SentinelUrl, is_sentinel_url, parse_sentinel_url
+from worker.engine.loop import Delivery, Engine
+from worker.obs import logs
+from worker.runtime.checks import preflight
+from worker.runtime.startup import build_engine, exit_on_start_failure
 from worker.settings import WorkerSettings
-from worker.startup import build_engine, exit_on_start_failure, preflight
+from worker.transport.redis import ssl_options
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ class EngineStep(bootsteps.StartStopStep):
         # w.task_events: `celery worker -E` or worker_send_task_events (VELA2_TASK_EVENTS=1)
         events = TaskEvents(w.app, w.hostname) if getattr(w, "task_events", False) else None
         try:
-            self.engine = build_engine(settings, events)
+            self.engine = build_engine(settings, events, w.app.vela2_pipeline_wrapper)
         except Exception as e:  # Celery would log it and exit 0: a supervisor must see the failure
             exit_on_start_failure(e)
         w.app.vela2_engine = self.engine
@@ -136,8 +138,9 @@ class EngineStep(bootsteps.StartStopStep):
             self.engine = None
 
 
-def create_app(settings: WorkerSettings | None = None) -> Celery:
-    """The Celery app of a worker with these settings (from the environment when None)."""
+def create_app(settings: WorkerSettings | None = None, *, pipeline_wrapper: Any = None) -> Celery:
+    """The Celery app of a worker with these settings (from the environment when None).
+    `pipeline_wrapper` wraps the scoring pipeline: a test seam (stack.faults), None in production."""
     settings = settings or WorkerSettings.from_env()
     broker_url = settings.resolved_broker_url
     broker_sentinel, store_sentinel = _sentinel(broker_url, "broker"), _sentinel(settings.redis_url, "result store")
@@ -151,15 +154,15 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
     queues = keys.queues(model_name) if model_name else []
     amqp = keys.is_amqp_url(broker_url)
     if broker_url.startswith(("redis://", "rediss://")):
-        app.conf.broker_transport = "worker.broker:RedisTransport"  # triaged items, writes retried
+        app.conf.broker_transport = "worker.transport.redis:RedisTransport"  # triaged items, writes retried
         app.conf.broker_use_ssl = ssl_options(broker_url)
     elif broker_sentinel:
-        app.conf.broker_transport = "worker.broker:SentinelTransport"
+        app.conf.broker_transport = "worker.transport.redis:SentinelTransport"
     if store_sentinel:
         app.conf.result_backend_transport_options = {"master_name": store_sentinel.master_name,
                                                       "sentinel_kwargs": store_sentinel.sentinel_kwargs()}
     if amqp:  # every delivery triaged before Celery dispatches it, as the Redis channel does its items
-        app.conf.worker_consumer = "worker.amqp:TriagingConsumer"
+        app.conf.worker_consumer = "worker.transport.amqp:TriagingConsumer"
     # RabbitMQ: durable quorum queues (Celery then sets a per-consumer prefetch, the only kind quorum
     # queues have); the online and the backfill queue are two consumers with a credit each, so each
     # gets half of max_buffered: what the engine holds stays within it, and a backfill backlog never
@@ -191,6 +194,7 @@ def create_app(settings: WorkerSettings | None = None) -> Celery:
         signals.after_setup_logger.connect(logs.use_json, weak=False)
         signals.after_setup_task_logger.connect(logs.use_json, weak=False)
     app.vela2_settings = settings
+    app.vela2_pipeline_wrapper = pipeline_wrapper
     app.vela2_engine = None
     app.task(name=keys.TASK_NAME, base=ScoreTask, bind=True)(_score)
     app.steps["worker"].add(EngineStep)

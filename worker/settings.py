@@ -19,9 +19,9 @@ from typing import Any
 
 from vela2.config import DEFAULT_MAX_BATCH_TOKENS, LIMITS, PRECISIONS, Vela2Config, default_precision
 from vela2.errors import ConfigError
-from vela2.redis_url import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url, read_url_file
 from vela2.wire.results import DEFAULT_RESULT_EXPIRES_S
-from worker.logs import LOG_FORMATS
+from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url, read_url_file
+from worker.obs.logs import LOG_FORMATS
 
 ENV_PREFIX = "VELA2_"
 ATTN_BACKENDS = ("sdpa", "flex")
@@ -36,7 +36,7 @@ def setting(default: Any, help: str, *, env: str | None = None, flag: str | None
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """The batching engine's knobs (worker.engine)."""
+    """The batching engine's knobs (worker.engine.loop)."""
 
     max_batch_tokens: int = setting(DEFAULT_MAX_BATCH_TOKENS, "padded tokens (longest x count) per device batch")
     max_wait_ms: float = setting(20.0, "longest a request waits for company before its bucket flushes")
@@ -144,7 +144,7 @@ class WorkerSettings:
     def resolved_dtype(self) -> str:
         if self.dtype:
             return self.dtype
-        # the same rule as every other serving path (vela2.checkpoint.serving_dtype)
+        # the same rule as every other serving path (vela2.model.checkpoint.serving_dtype)
         return "float32" if self.resolved_precision == "fp32" else "bfloat16"
 
     def engine_settings(self) -> EngineSettings:

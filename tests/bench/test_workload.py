@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:  # bench/ is not an installed package; run from th
     sys.path.insert(0, str(ROOT))
 
 from bench import workload as wl  # noqa: E402
-from vela2.schemas import parse_row  # noqa: E402
+from vela2.api.schemas import parse_row  # noqa: E402
 
 SEED_ROWS = 230
 ROWS_PER_COPY = SEED_ROWS + wl.CONSTRUCTED_COUNT

@@ -60,14 +60,14 @@ def real_worker(tmp_path: Path, demo_dir: Path) -> Iterator[Callable[[str], Work
 
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """http_server(redis_url, *args) -> base URL of a running `python -m producer.http` process
+    """http_server(redis_url, *args) -> base URL of a running `python -m producer.http.app` process
     (on loopback with --no-auth unless `args` name API keys)."""
     procs: list[subprocess.Popen] = []
 
     def start(redis_url: str, *args: str) -> str:
         port = free_port()
         log_path = tmp_path / f"http{len(procs)}.log"
-        cmd = [sys.executable, "-m", "producer.http", "--redis", redis_url, "--port", str(port), "--model", MODEL]
+        cmd = [sys.executable, "-m", "producer.http.app", "--redis", redis_url, "--port", str(port), "--model", MODEL]
         if "--api-keys-file" not in args:
             cmd.append("--no-auth")
         with open(log_path, "wb") as out:

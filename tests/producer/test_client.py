@@ -12,8 +12,8 @@ import fakeredis
 import pytest
 
 from producer.client import Client
+from vela2.api.schemas import RowResult, Status, content_id
 from vela2.errors import ModelMismatch
-from vela2.schemas import RowResult, Status, content_id
 from vela2.wire.keys import result_key, submitted_key
 from vela2.wire.messages import decode_body
 from vela2.wire.results import ResultStore, row_meta

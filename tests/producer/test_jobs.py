@@ -265,7 +265,7 @@ def test_bad_arguments_name_the_limit_and_the_value_and_create_nothing(redis, cl
 def test_the_worker_metrics_count_jobs_by_status(redis, client):
     from prometheus_client import generate_latest
 
-    from worker.metrics import Metrics
+    from worker.obs.metrics import Metrics
 
     a = submit_job(client, lines([row(1)])).id
     submit_job(client, lines([row(2)]))

@@ -1,4 +1,4 @@
-"""The bulk-job routes of `vela2 http` for real: a `python -m producer.http` process, a redis-server, and
+"""The bulk-job routes of `vela2 http` for real: a `python -m producer.http.app` process, a redis-server, and
 the fake worker in a thread (paused where a test needs the job to wait)."""
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import pytest
 import redis.exceptions
 
 from producer.aio import AsyncClient
+from vela2.api.schemas import RowResult, Status
 from vela2.errors import InvalidRequest, ModelMismatch, ResultExpired
-from vela2.schemas import RowResult, Status
 from vela2.wire.keys import result_key
 from vela2.wire.results import ResultStore, row_meta
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from producer.backfill import EXIT_REDIS_UNAVAILABLE, LineWriter, count_lines, line_id, run_backfill, scan_out
-from vela2.schemas import content_id
+from vela2.api.schemas import content_id
 from vela2.wire.keys import backfill_queue, result_key, submitted_key
 from vela2.wire.messages import decode_body, decode_envelope
 
@@ -323,7 +323,7 @@ def test_ten_thousand_rows_never_more_than_the_window_in_flight(tmp_path, redis_
 
 
 def test_resume_after_sigkill_writes_every_id_exactly_once(tmp_path, redis_url, real_worker):
-    from vela2.demo import sample_rows
+    from vela2.train.demo_model import sample_rows
 
     real_worker(redis_url)
     templates = sample_rows()[:5]  # choice, score, set, pii span, bundle
@@ -390,7 +390,7 @@ def test_wait_replicas_it_cannot_honour_exits_2_before_anything_is_queued(tmp_pa
 def test_a_row_whose_id_names_other_content_gets_an_id_conflict_line(tmp_path, redis_server, redis_url):
     """Never the other request's answer: an error line of type id_conflict; the same content under
     a stored id is recovered as before."""
-    from vela2.schemas import RowResult, Status
+    from vela2.api.schemas import RowResult, Status
     from vela2.wire.messages import request_digest
     from vela2.wire.results import ResultStore, row_meta
 
@@ -416,7 +416,7 @@ def test_a_row_whose_id_names_other_content_gets_an_id_conflict_line(tmp_path, r
 
 
 def test_a_tenants_backfill_queues_and_reads_its_own_ids(tmp_path, redis_server, redis_url):
-    from vela2.schemas import RowResult, Status
+    from vela2.api.schemas import RowResult, Status
     from vela2.wire.messages import request_digest
     from vela2.wire.results import ResultStore, row_meta
 

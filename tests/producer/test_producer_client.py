@@ -14,9 +14,9 @@ import fakeredis
 import pytest
 
 from producer.client import Client, pack_messages, prepare_request
+from vela2.api.schemas import RowResult, Status, content_id, parse_row
+from vela2.api.systemone import parse_request
 from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired
-from vela2.schemas import RowResult, Status, content_id, parse_row
-from vela2.systemone import parse_request
 from vela2.wire.keys import result_key, submitted_key
 from vela2.wire.messages import decode_body
 from vela2.wire.results import ANSWERED, ResultStore, row_meta

@@ -1,4 +1,4 @@
-"""The HTTP route for real: `python -m producer.http` (uvicorn) on a free loopback port, talked to with
+"""The HTTP route for real: `python -m producer.http.app` (uvicorn) on a free loopback port, talked to with
 httpx, answered by a real worker on the demo checkpoint (or by the fake worker where a test needs
 control of the timing), against a real redis-server."""
 
@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from producer.http import status_code
-from vela2.schemas import ErrorInfo, RowResult, Status
+from producer.http.app import status_code
+from vela2.api.schemas import ErrorInfo, RowResult, Status
 from vela2.wire.keys import online_queue, result_key
 from vela2.wire.results import ResultStore, row_meta
 
@@ -312,7 +312,7 @@ def test_the_route_refuses_to_start_open_by_accident(redis_url, args, why):
 
     from stack.harness import child_env
 
-    cmd = [sys.executable, "-m", "producer.http", "--redis", redis_url, "--port", "1", "--model", MODEL, *args]
+    cmd = [sys.executable, "-m", "producer.http.app", "--redis", redis_url, "--port", "1", "--model", MODEL, *args]
     done = subprocess.run(cmd, env={k: v for k, v in child_env().items() if not k.startswith("VELA2_API_KEYS")},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and why in done.stderr, done.stderr

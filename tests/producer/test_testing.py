@@ -14,10 +14,10 @@ from celery import Celery
 from fastapi.testclient import TestClient
 
 from producer import Client, ModelMismatch
-from producer.http import create_app
+from producer.http.app import create_app
 from producer.testing import FAKE_META_KEY, Drained, FakeWorker, assert_ok
+from vela2.api.schemas import Status, parse_row
 from vela2.errors import ModelError
-from vela2.schemas import Status, parse_row
 from vela2.wire import keys
 from vela2.wire.messages import build_message
 from vela2.wire.results import ANSWERED
@@ -397,8 +397,8 @@ def test_stub_answers_have_the_fields_and_types_of_the_models(vela2_redis, untra
     gate_fired on PII spans, units and logits when asked, render with logits; and the stub's numbers are consistent."""
     import numpy as np
 
-    from vela2.calibration import Calibration, choice_probs, sigmoid
-    from vela2.rendering import split_words
+    from vela2.model.calibration import Calibration, choice_probs, sigmoid
+    from vela2.text.rendering import split_words
 
     requests = [{**ROW, "logits": True},
                 {"id": "r-score", "task": "score:q", "text": "x y", "logits": True,

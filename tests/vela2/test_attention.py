@@ -1,4 +1,4 @@
-"""Flex attention backend (vela2.attention): the BlockMask encodes exactly the tree mask, and on the
+"""Flex attention backend (vela2.model.attention): the BlockMask encodes exactly the tree mask, and on the
 demo model flex gives the sdpa outputs (fp32, <= 1e-4) on packed rows, bundled == single included.
 
 flex_attention runs on CPU through inductor (a C++ kernel per shape, ~5 s to build on 2 cores), so
@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import create_block_mask
 
 import vela2
-from vela2 import attention
-from vela2.demo import sample_rows
-from vela2.modeling import build_backbone, tree_mask
-from vela2.pipeline import collate, prepare, run_batch
+from vela2.model import attention
+from vela2.model.attention import tree_mask
+from vela2.model.modeling import build_backbone
+from vela2.scoring.pipeline import collate, prepare, run_batch
+from vela2.train.demo_model import sample_rows
 
 TOL = 1e-4  # fp32: flex vs sdpa, max |diff| of raw head logits and of probabilities
 ROW = 768  # row_tokens of the model tests: the demo's max_window_tokens, so every sequence (a window) fits a row

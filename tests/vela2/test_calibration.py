@@ -10,7 +10,8 @@ import warnings
 import numpy as np
 import pytest
 
-from vela2.calibration import (
+from vela2.errors import CheckpointError
+from vela2.model.calibration import (
     DEFAULT_QUESTIONS,
     GENERIC_SET_THRESHOLD,
     GENERIC_SPAN_THRESHOLD,
@@ -22,8 +23,7 @@ from vela2.calibration import (
     sigmoid,
     softmax,
 )
-from vela2.errors import CheckpointError
-from vela2.pipeline import SeqOutput, finish, prepare
+from vela2.scoring.pipeline import SeqOutput, finish, prepare
 
 # --- the math, by hand ---------------------------------------------------------------------------
 

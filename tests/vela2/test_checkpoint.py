@@ -14,10 +14,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import vela2
-from vela2 import checkpoint
-from vela2.checkpoint import INDEX, WEIGHTS
-from vela2.demo import sample_rows
 from vela2.errors import CheckpointError, PrecisionError
+from vela2.model import checkpoint
+from vela2.model.checkpoint import INDEX, WEIGHTS
+from vela2.train.demo_model import sample_rows
 
 ROWS = [dict(r, logits=True, units=True) for r in sample_rows() if r["id"] != "demo-long"]
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import vela2
+from vela2.api.systemone import system_one_request
 from vela2.cli import main
-from vela2.rendering import split_words
-from vela2.systemone import system_one_request
+from vela2.text.rendering import split_words
 
 TEXT = "Alice Smith from Acme wrote to bob@globex.com about the refund for order 4471 on Monday."
 ROW = {
@@ -157,7 +157,7 @@ def test_units_on_a_long_row(demo_dir, tmp_path):
 
 def test_units_flag_reaches_system_one_lines(demo_dir, tmp_path):
     """Found by review: --units was added to rows only, silently not to SystemOne requests."""
-    from vela2.systemone import render_input
+    from vela2.api.systemone import render_input
 
     out = run_predict(demo_dir, tmp_path, [json.dumps(S1)], "--units", "--precision", "fp32")
     tasks = out[0]["tasks"]

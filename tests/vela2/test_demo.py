@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 import vela2
-from vela2 import demo
-from vela2.checkpoint import WEIGHTS
 from vela2.cli import main
-from vela2.demo import (
+from vela2.model.checkpoint import WEIGHTS
+from vela2.train import demo_model
+from vela2.train.demo_model import (
     DEMO_NAME,
     DESCRIPTION,
     DESCRIPTION_FILE,
@@ -22,13 +22,13 @@ from vela2.demo import (
     SAMPLE_EXPECTED,
     sample_rows,
 )
-from vela2.evaluation import eval_report
-from vela2.synthetic import labelled_rows
+from vela2.train.evaluate import eval_report
+from vela2.train.synthetic import labelled_rows
 
 # The targets of issue 20 on held-out rows of another seed than training's and dev's.
 MIN_SPAN_F1 = {"email": 0.95, "phone": 0.95, "person": 0.85}  # word-level F1 per label, span:pii
 MIN_ACCURACY = {"choice:intent": 0.9, "choice:sentiment": 0.9}
-TINY = demo.DemoRecipe(n_train=12, n_dev=12, epochs=1)  # the recipe's code path, in seconds
+TINY = demo_model.DemoRecipe(n_train=12, n_dev=12, epochs=1)  # the recipe's code path, in seconds
 
 
 def test_config_carries_a_name(demo_dir, demo_model):
@@ -43,7 +43,7 @@ def test_init_demo_is_deterministic(tmp_path, capsys, monkeypatch):
     """Two runs of `vela2 init-demo` (training included) write identical files and tensors. The run is
     the demo's own code path with a tiny recipe (the full one trains for minutes; it was checked by hand:
     README)."""
-    monkeypatch.setattr(demo, "RECIPE", TINY)
+    monkeypatch.setattr(demo_model, "RECIPE", TINY)
     for name in ("a", "b"):
         assert main(["init-demo", str(tmp_path / name)]) == 0
         assert "demo checkpoint written to" in capsys.readouterr().out
@@ -54,7 +54,7 @@ def test_init_demo_is_deterministic(tmp_path, capsys, monkeypatch):
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-    untrained = demo.untrained_demo_model().state_dict()
+    untrained = demo_model.untrained_demo_model().state_dict()
     assert not torch.equal(a["option_head.out.weight"], untrained["option_head.out.weight"])  # it did train
 
 
@@ -126,4 +126,4 @@ def test_sample_rows_all_answer(demo_model):
         assert [r.id for r in res] == [r["id"] for r in rows]
         assert all(r.status == "ok" for r in res)
     long_row = next(r for r in rows if r["id"] == "demo-long")
-    assert len(vela2.pipeline.prepare(demo_model, long_row).sequences) > 1  # exercises windows
+    assert len(vela2.scoring.pipeline.prepare(demo_model, long_row).sequences) > 1  # exercises windows

@@ -1,4 +1,4 @@
-"""vela2.fitting: calibration math, gold checking, calibrate() and the calibrate command."""
+"""vela2.train.calibrate: calibration math, gold checking, calibrate() and the calibrate command."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import vela2
-from vela2 import fitting
-from vela2.calibration import Calibration, sigmoid, softmax
-from vela2.fitting import (
+from vela2.api.schemas import Answer, ErrorInfo, RowResult, Status, Units, parse_row
+from vela2.model.calibration import Calibration, sigmoid, softmax
+from vela2.train import calibrate
+from vela2.train.calibrate import (
     best_f1_threshold,
     check_gold,
     ece,
@@ -26,7 +27,6 @@ from vela2.fitting import (
     sigmoid_nll,
     softmax_nll,
 )
-from vela2.schemas import Answer, ErrorInfo, RowResult, Status, Units, parse_row
 
 # --- math against hand-computed values ------------------------------------------------------------
 
@@ -113,9 +113,9 @@ def test_fit_softmax_temperature_variable_lengths():
 
 def test_fit_softmax_temperature_clamps():
     separable = [np.array([1.0, 0.0]), np.array([0.0, 1.0])]  # optimum: T -> 0
-    assert fit_softmax_temperature(separable, [0, 1]) == pytest.approx(fitting.T_MIN)
+    assert fit_softmax_temperature(separable, [0, 1]) == pytest.approx(calibrate.T_MIN)
     uninformative = [np.array([1.0, 0.0]), np.array([1.0, 0.0])]  # optimum: uniform, T -> infinity
-    assert fit_softmax_temperature(uninformative, [0, 1]) == pytest.approx(fitting.T_MAX)
+    assert fit_softmax_temperature(uninformative, [0, 1]) == pytest.approx(calibrate.T_MAX)
 
 
 def test_fit_sigmoid_temperature_recovers_t3():
@@ -315,7 +315,7 @@ def fake_vela2(monkeypatch):
 def test_calibrate_fits_and_reports(fake_vela2):
     rows, model = _synthetic_rows()
     base = model.calibration.to_dict()
-    cal, report = fitting.calibrate(model, rows)
+    cal, report = calibrate.calibrate(model, rows)
     assert model.calibration.to_dict() == base  # the model's own calibration is untouched
     assert abs(cal.temperatures["choice:soft"] - 3.0) < 0.6
     assert cal.temperatures["choice"] == 1.0  # the type default is kept
@@ -346,9 +346,9 @@ def test_calibrate_fits_and_reports(fake_vela2):
 def test_word_targets_use_overlap():
     offsets = np.array([[0, 3], [4, 7], [8, 13]])
     spans = [{"label": "person", "start": 5, "end": 9}, {"label": "email", "start": 0, "end": 13}]
-    assert fitting._word_targets(offsets, spans, "person").tolist() == [0.0, 1.0, 1.0]
-    assert fitting._word_targets(offsets, spans, "email").tolist() == [1.0, 1.0, 1.0]
-    assert fitting._word_targets(offsets, [], "email").tolist() == [0.0, 0.0, 0.0]
+    assert calibrate._word_targets(offsets, spans, "person").tolist() == [0.0, 1.0, 1.0]
+    assert calibrate._word_targets(offsets, spans, "email").tolist() == [1.0, 1.0, 1.0]
+    assert calibrate._word_targets(offsets, [], "email").tolist() == [0.0, 0.0, 0.0]
 
 
 def test_calibrate_span_units_respect_question_fields(fake_vela2):
@@ -363,7 +363,7 @@ def test_calibrate_span_units_respect_question_fields(fake_vela2):
     }
     n_words = len(_words(text))
     model = FakeModel({("f0", 0): {"person": [0.0] * n_words}})
-    _, report = fitting.calibrate(model, [row])
+    _, report = calibrate.calibrate(model, [row])
     span = report["tasks"]["span:pii"]
     assert span["units"] == 3  # "call", "Bob", "now": words of the assistant field only
     assert span["before"]["positives"] == 1
@@ -385,7 +385,7 @@ def test_calibrate_skips_bad_rows_with_ids(fake_vela2):
         {"id": "bad-row", "task": "choice:soft", "questions": q2, "gold": "a"},
         {"id": "no-gold", "task": "choice:soft", "text": "t", "questions": q2},
     ]
-    _, report = fitting.calibrate(model, bad + rows)
+    _, report = calibrate.calibrate(model, bad + rows)
     reasons = {s["id"]: s["reason"] for s in report["skipped"]}
     assert set(reasons) == {"bad-gold", "bad-span", "bad-row", "no-gold", "c1"}
     assert "'z' is not among the options" in reasons["bad-gold"]
@@ -399,7 +399,7 @@ def test_calibrate_skips_bad_rows_with_ids(fake_vela2):
 
 def test_calibrate_without_usable_rows_keeps_calibration(fake_vela2):
     model = FakeModel({})
-    cal, report = fitting.calibrate(model, [{"id": "x", "task": "choice:t", "text": "t"}])
+    cal, report = calibrate.calibrate(model, [{"id": "x", "task": "choice:t", "text": "t"}])
     assert cal.to_dict() == model.calibration.to_dict()
     assert report["tasks"] == {} and report["n_used"] == 0 and report["skipped"][0]["id"] == "x"
 
@@ -419,7 +419,7 @@ def test_calibrate_command_writes_backup_report_and_table(fake_vela2, monkeypatc
         "\n".join(json.dumps(r) for r in rows[:5]) + "\n\n{not json\n" + "\n".join(json.dumps(r) for r in rows[5:])
     )
     report_path = str(tmp_path / "r.json")
-    rc = fitting.calibrate_command(
+    rc = calibrate.calibrate_command(
         str(ckpt), str(dev), out=None, report_path=report_path, device="cpu", precision="fp32"
     )
     assert rc == 0
@@ -443,7 +443,7 @@ def test_calibrate_command_out_and_no_usable_rows(fake_vela2, monkeypatch, tmp_p
     dev = tmp_path / "dev.jsonl"
     dev.write_text("\n".join(json.dumps(r) for r in rows[:200]))
     out = tmp_path / "cal.json"
-    run = lambda dev_path, out=None: fitting.calibrate_command(
+    run = lambda dev_path, out=None: calibrate.calibrate_command(
         str(ckpt), str(dev_path), out=out, report_path=None, device="cpu", precision="fp32"
     )
     assert run(dev, out=str(out)) == 0
@@ -500,16 +500,16 @@ def test_calibrate_recovers_t3_on_demo_model(demo_dir):
         row["gold"] = [q["options"][int(rng.choice(4, p=softmax(k * next(it) / 3.0)))] for q in row["questions"]]
 
     fit_rows, held_rows = rows[:200], rows[200:]
-    cal, report = fitting.calibrate(model, fit_rows, precision="fp32")
+    cal, report = calibrate.calibrate(model, fit_rows, precision="fp32")
     t = cal.temperatures["choice:softened"]
     assert 2.4 <= t <= 3.6, t
     assert report["tasks"]["choice:softened"]["n"] == 1600 and report["skipped"] == []
-    held, skipped = fitting.gather(model, held_rows, precision="fp32")
+    held, skipped = calibrate.gather(model, held_rows, precision="fp32")
     assert skipped == []
     held_logits = held["choice:softened"].logits
     assert np.allclose(np.concatenate(held_logits), k * np.concatenate(logits[1600:]), rtol=1e-4, atol=1e-4)
-    before = fitting.evaluate(held, model.calibration)["choice:softened"]
-    after = fitting.evaluate(held, cal)["choice:softened"]
+    before = calibrate.evaluate(held, model.calibration)["choice:softened"]
+    after = calibrate.evaluate(held, cal)["choice:softened"]
     assert after["nll"] < before["nll"] and after["ece"] < before["ece"]
 
 
@@ -549,7 +549,7 @@ def test_calibrate_command_on_demo_checkpoint_set_and_span(demo_dir, tmp_path, c
     dev = tmp_path / "dev.jsonl"
     dev.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     report_path = tmp_path / "report.json"
-    rc = fitting.calibrate_command(
+    rc = calibrate.calibrate_command(
         str(ckpt), str(dev), out=None, report_path=str(report_path), device="cpu", precision="fp32"
     )
     assert rc == 0

@@ -1,4 +1,4 @@
-"""The fused decoder (vela2.fused) against transformers' own forward on tiny random models, its
+"""The fused decoder (vela2.model.fused) against transformers' own forward on tiny random models, its
 weights (views, saving, rebuilds), and precision fp8 (quantisation, the GEMM, the whole forward)."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import pytest
 import torch
 
 import vela2
-from vela2 import fused
-from vela2.checkpoint import load, save
-from vela2.demo import demo_calibration, demo_config, demo_tokenizer, sample_rows
 from vela2.errors import PrecisionError
-from vela2.modeling import Vela2Model, tree_mask
-from vela2.pipeline import collate, prepare, run_batch
+from vela2.model import fused
+from vela2.model.attention import tree_mask
+from vela2.model.checkpoint import load, save
+from vela2.model.modeling import Vela2Model
+from vela2.scoring.pipeline import collate, prepare, run_batch
+from vela2.train.demo_model import demo_calibration, demo_config, demo_tokenizer, sample_rows
 
 TOKENIZER = demo_tokenizer()
 

@@ -14,15 +14,15 @@ from tokenizers import Tokenizer, models
 from transformers import AutoModel
 
 import vela2
-import vela2.checkpoint
+import vela2.model.checkpoint
 from bench.import_rss import make_hf_dir, measure
 from vela2.cli import main
 from vela2.config import SpecialTokens, Vela2Config
 from vela2.errors import CheckpointError
-from vela2.importing import check_offsets, import_hf
-from vela2.rendering import plain_text_tokenizer
-from vela2.synthetic import labelled_rows
-from vela2.training import TrainOptions, labelled_examples, train
+from vela2.text.rendering import plain_text_tokenizer
+from vela2.train.importing import check_offsets, import_hf
+from vela2.train.synthetic import labelled_rows
+from vela2.train.training import TrainOptions, labelled_examples, train
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_special_tokens_past_the_embedding_get_the_mean_row(hf_dirs, tmp_path):
 
     hf = _copy_with_tokenizer(hf_dirs["llama-single"], tmp_path / "full", fill)
     a, b = import_hf(hf, tmp_path / "a"), import_hf(hf, tmp_path / "b")
-    assert vela2.checkpoint.digest(a) == vela2.checkpoint.digest(b)
+    assert vela2.model.checkpoint.digest(a) == vela2.model.checkpoint.digest(b)
     model = vela2.load(a)
     emb = model.backbone.embed_tokens.weight
     assert emb.shape[0] == vocab + len(SpecialTokens().all())

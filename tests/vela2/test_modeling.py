@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from vela2.config import SpecialTokens
 from vela2.errors import CheckpointError, PrecisionError
-from vela2.modeling import OptionHead, SpanHead, Vela2Model, tree_mask
-from vela2.packing import pack, plan_rows
-from vela2.pipeline import collate, prepare, run_batch
+from vela2.model.attention import tree_mask
+from vela2.model.modeling import OptionHead, SpanHead, Vela2Model
+from vela2.scoring.pipeline import collate, prepare, run_batch
+from vela2.text.packing import pack, plan_rows
 
 # --- tree mask -----------------------------------------------------------------------------------
 
@@ -303,7 +304,7 @@ def _span_blocks(draw):
 def test_span_logits_equal_per_block_products(layout, chunk):
     """One matmul per run of blocks, entries gathered, equals each block's own product, whatever
     the runs' size limit (a run of one block at the smallest)."""
-    import vela2.pipeline as pipeline
+    import vela2.scoring.pipeline as pipeline
 
     blocks, n_words, n_labels = layout
     gen = torch.Generator().manual_seed(len(blocks) * 7919 + n_words)

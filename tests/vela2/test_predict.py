@@ -17,14 +17,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import vela2
-from vela2 import pipeline, reference
-from vela2.calibration import option_value
+from vela2.api.schemas import Answer, RowResult, SpanOut, parse_row, surrogate_index
 from vela2.config import LIMITS
-from vela2.demo import sample_rows
 from vela2.errors import InvalidRequest, LimitExceeded, PrecisionError
-from vela2.pipeline import SeqOutput, finish, merge_span_windows, pool_option_windows, prepare, run_batch
-from vela2.rendering import RenderedRow, Sequence, split_words
-from vela2.schemas import Answer, RowResult, SpanOut, parse_row, surrogate_index
+from vela2.model.calibration import option_value
+from vela2.scoring import pipeline
+from vela2.scoring import predict as predict_module
+from vela2.scoring.pipeline import SeqOutput, finish, merge_span_windows, pool_option_windows, prepare, run_batch
+from vela2.text.rendering import RenderedRow, Sequence, split_words
+from vela2.train.demo_model import sample_rows
 
 TOL = 1e-5  # fp32 on the demo model: bundled / batched / alone agree to this (max |prob diff|)
 # Raw logits are unbounded (the trained demo's reach ~40, where an fp32 ulp is 3.8e-6): they are held
@@ -325,7 +326,7 @@ def test_bad_rows_get_errors_and_the_rest_still_run(demo_model):
 
 def test_a_row_object_that_fails_to_render_keeps_its_id_and_task(demo_model):
     """Found by review: a pydantic Row (not a dict) refused at rendering came back under a content id."""
-    from vela2.schemas import parse_row
+    from vela2.api.schemas import parse_row
 
     row = parse_row({**GOOD, "id": "my-row-1", "questions": [{"question": "ab " * 1300, "options": ["a", "b"]}]})
     as_row, as_dict = vela2.predict(demo_model, [row, row.model_dump(mode="json", exclude_none=True)], precision="fp32")
@@ -475,7 +476,7 @@ def test_planted_runs_at_both_ends_and_across_a_window_boundary(demo_model):
 
 def _fake_rendered(n_words: int, windows: list[tuple[int, int]]) -> RenderedRow:
     seqs = [Sequence("r", k, ws, [], [], [], [], list(range(we - ws))) for k, (ws, we) in enumerate(windows)]
-    row = vela2.schemas.parse_row({"id": "r", "task": "span:t", "text": "x", "questions": [{"labels": ["l"]}]})
+    row = vela2.api.schemas.parse_row({"id": "r", "task": "span:t", "text": "x", "questions": [{"labels": ["l"]}]})
     return RenderedRow(row=row, offsets=np.zeros((n_words, 2), dtype=np.int64), sequences=seqs)
 
 
@@ -665,7 +666,7 @@ def test_any_options_give_valid_json(demo_model, kind, options):
 def test_non_finite_logits_become_a_model_error(demo_model, monkeypatch):
     """A model that returns NaN / infinity for a row: that row gets a model_error result (JSON-safe),
     the other rows of the same predict() call their answers."""
-    real = reference.run_ahead
+    real = predict_module.run_ahead
 
     def poisoned(model, batches, *args, **kwargs):
         batches = list(batches)
@@ -678,7 +679,7 @@ def test_non_finite_logits_become_a_model_error(demo_model, monkeypatch):
                         out.spans[q][0, 0] = np.inf
             yield outs
 
-    monkeypatch.setattr(reference, "run_ahead", poisoned)
+    monkeypatch.setattr(predict_module, "run_ahead", poisoned)
     rows = [{**BUNDLES[1], "id": "poison"}, {**BUNDLES[1], "id": "fine"},
             {**GOOD, "id": "poison", "task": "span:x", "questions": [{"labels": ["person"]}]}]
     bad, good, bad_span = vela2.predict(demo_model, rows, precision="fp32")
@@ -713,8 +714,8 @@ def test_answers_refuse_non_finite_numbers():
 def test_a_string_or_list_over_its_limit_is_named_with_its_length_and_the_limit():
     """Found by review: pydantic's own 'String should have at most 4000 characters; got 'xxxx...''
     named neither the length given nor, for SystemOne, which limit."""
-    from vela2.schemas import parse_row
-    from vela2.systemone import parse_request
+    from vela2.api.schemas import parse_row
+    from vela2.api.systemone import parse_request
 
     with pytest.raises(LimitExceeded, match=r"^questions\[0\]\.question has 4,001 characters; limit 4,000$"):
         parse_row({**GOOD, "questions": [{"question": "q" * 4001, "options": ["a", "b"]}]})

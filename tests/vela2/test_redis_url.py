@@ -1,4 +1,4 @@
-"""vela2.redis_url: the Redis URL from a file, passwords spotted in argv, and the commands that use
+"""vela2.wire.urls: the Redis URL from a file, passwords spotted in argv, and the commands that use
 it (worker settings, vela2 backfill, vela2 http)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from vela2.errors import ConfigError
-from vela2.redis_url import (
+from vela2.wire.urls import (
     BROKER_SCHEMES,
     PASSWORD_IN_ARGV,
     RESULT_STORE_SCHEMES,

@@ -1,5 +1,5 @@
 """render_row: hypothesis properties of the token layout (offsets, words, blocks, markers, positions,
-windows) exactly as vela2/rendering.py guarantees them, plus plan_windows and the limits."""
+windows) exactly as vela2/text/rendering.py guarantees them, plus plan_windows and the limits."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from vela2.api.schemas import parse_row, split_task
 from vela2.config import LIMITS
 from vela2.errors import LimitExceeded
-from vela2.modeling import tree_mask
-from vela2.rendering import (
+from vela2.model.attention import tree_mask
+from vela2.text.rendering import (
     MAX_MARKS,
     UNSPACED_SCRIPTS,
     WORD_RE,
@@ -27,7 +28,6 @@ from vela2.rendering import (
     text_budget,
     window_bound,
 )
-from vela2.schemas import parse_row, split_task
 
 VOCAB = (
     "the of and to in is was company market report price bank city police court party group water "
@@ -570,7 +570,7 @@ def test_cached_word_tokens_equal_a_fresh_encode(demo_model, tokenizer_kinds, ba
     """The word cache returns what the tokenizer gives each word in context (tokenizers encode a
     pre-tokenized input word by word), for every tokenizer family, across hits, misses and a cache
     that starts afresh when full (a tiny WORD_CACHE_SIZE)."""
-    from vela2.rendering import Renderer
+    from vela2.text.rendering import Renderer
 
     for name, tok in tokenizer_kinds.items():
         renderer = Renderer(tok, demo_model.config, demo_model.calibration.default_questions)

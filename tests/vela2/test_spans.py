@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vela2.calibration import Calibration, PiiRules
-from vela2.spans import SpanRules, decode_spans, rules_for
+from vela2.model.calibration import Calibration, PiiRules
+from vela2.text.spans import SpanRules, decode_spans, rules_for
 
 WORD_RE = re.compile(r"\w+(?:[-_]\w+)*|\S")
 

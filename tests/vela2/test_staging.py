@@ -1,10 +1,10 @@
-"""vela2.staging: the pinned buffer pool's reuse policy (plain host tensors stand in for pinned ones:
+"""vela2.model.staging: the pinned buffer pool's reuse policy (plain host tensors stand in for pinned ones:
 this machine has no CUDA) and the CPU path of to_device."""
 
 import numpy as np
 import torch
 
-from vela2 import staging
+from vela2.model import staging
 
 
 class HostPool(staging.PinnedPool):

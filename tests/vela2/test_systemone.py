@@ -12,11 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vela2.calibration import DEFAULT_QUESTIONS, Calibration
-from vela2.config import LIMITS
-from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, Vela2Error
-from vela2.schemas import Answer, ErrorInfo, RowResult, SpanOut, Status, content_id
-from vela2.systemone import (
+from vela2.api.schemas import Answer, ErrorInfo, RowResult, SpanOut, Status, content_id
+from vela2.api.systemone import (
     SCHEMA_DIR,
     SCHEMA_FILES,
     SystemOneAnswer,
@@ -32,6 +29,9 @@ from vela2.systemone import (
     to_answer,
     to_row,
 )
+from vela2.config import LIMITS
+from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, Vela2Error
+from vela2.model.calibration import DEFAULT_QUESTIONS, Calibration
 
 MODEL = "vela2-demo"
 STATE = {
@@ -507,7 +507,7 @@ def test_extract_is_a_span_block_over_the_labels() -> None:
 
 
 def test_rendered_input_over_the_text_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import vela2.systemone as s1
+    import vela2.api.systemone as s1
 
     monkeypatch.setattr(s1, "LIMITS", LIMITS.__class__(max_text_chars=20))
     r = parse_request(req(input={"user": "a" * 10, "assistant": "b" * 5}))  # 6 + 10 + 2 + 11 + 5 rendered
@@ -618,9 +618,9 @@ def test_to_answer_passes_errors_through_and_refuses_mismatched_results() -> Non
 def test_committed_schema_files_are_current() -> None:
     for name, text in schema_texts().items():
         path = SCHEMA_DIR / name
-        assert path.is_file(), f"{path} is missing; run `python -m vela2.systemone --write-schemas`"
+        assert path.is_file(), f"{path} is missing; run `python -m vela2.api.systemone --write-schemas`"
         assert path.read_text(encoding="utf-8") == text, (
-            f"{path} is stale (the pydantic models changed); run `python -m vela2.systemone --write-schemas`"
+            f"{path} is stale (the pydantic models changed); run `python -m vela2.api.systemone --write-schemas`"
         )
 
 
@@ -943,7 +943,7 @@ SCHEMA_CASES = [  # (request, the validators accept it)
 def test_the_request_schema_accepts_exactly_what_the_validators_accept(request_obj: Any, valid: bool) -> None:
     import jsonschema_rs
 
-    from vela2.systemone import request_schema
+    from vela2.api.systemone import request_schema
 
     schema_ok = jsonschema_rs.validator_for(request_schema()).is_valid(request_obj)
     try:
@@ -956,7 +956,7 @@ def test_the_request_schema_accepts_exactly_what_the_validators_accept(request_o
 
 def test_the_rules_json_schema_cannot_state_are_in_its_description() -> None:
     """Cross-field rules: both documents name them; the validators enforce them."""
-    from vela2.systemone import CROSS_FIELD_RULES, request_schema
+    from vela2.api.systemone import CROSS_FIELD_RULES, request_schema
 
     assert CROSS_FIELD_RULES in request_schema()["description"]
     for bad in ({**_OK, "tasks": [{"name": "t", "kind": "set", "options": ["a"]}] * 2},

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import vela2
-import vela2.training
+import vela2.train.training
 from vela2.cli import main
-from vela2.demo import demo_calibration
-from vela2.evaluation import eval_report
-from vela2.pipeline import run_batch
-from vela2.synthetic import labelled_rows
-from vela2.training import TrainOptions, batch_loss, forward, labelled_examples, train
+from vela2.scoring.pipeline import run_batch
+from vela2.train.demo_model import demo_calibration
+from vela2.train.evaluate import eval_report
+from vela2.train.synthetic import labelled_rows
+from vela2.train.training import TrainOptions, batch_loss, forward, labelled_examples, train
 
 TRAIN = labelled_rows(120, seed=11)
 HELD_OUT = labelled_rows(80, seed=12)
@@ -177,7 +177,7 @@ def test_train_modes_are_exclusive(args, capsys):
 def test_train_reads_the_dev_file_before_training(untrained_demo_dir, tmp_path, capsys, monkeypatch, dev):
     """A typo in --dev fails at once (exit 2), not after the epochs with the trained weights lost."""
     (tmp_path / "a-directory").mkdir()
-    monkeypatch.setattr(vela2.training, "train", lambda *a, **k: pytest.fail("trained before reading --dev"))
+    monkeypatch.setattr(vela2.train.training, "train", lambda *a, **k: pytest.fail("trained before reading --dev"))
     train_path = _write(tmp_path / "train.jsonl", TRAIN[:4])
     out = tmp_path / "out"
     assert main(["train", "--checkpoint", str(untrained_demo_dir), str(train_path), "--dev", str(tmp_path / dev),

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vela2.api.schemas import content_id
 from vela2.errors import InvalidRequest, LimitExceeded
-from vela2.schemas import content_id
 from vela2.wire import keys
 from vela2.wire.messages import (
     MAX_JSON_DEPTH,

@@ -18,7 +18,8 @@ TEST_SETTINGS = {"max_batch_tokens": 2048, "max_wait_ms": 10, "render_threads": 
 
 @pytest.fixture
 def start_worker(tmp_path: Path, demo_dir: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """start_worker(redis_url, env={...}, **settings) -> a started (not yet ready) WorkerProcess."""
+    """start_worker(redis_url, env={...}, faults=Faults(...), **settings) -> a started (not yet ready)
+    WorkerProcess."""
     started: list[WorkerProcess] = []
     numbers = count(1)
 

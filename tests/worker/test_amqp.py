@@ -11,11 +11,11 @@ import json
 import time
 
 from producer.client import Client
-from vela2.schemas import Status
+from stack.faults import CRASH_EXIT, Faults
+from vela2.api.schemas import Status
 from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, attempts_key, backfill_queue, dead_letter, online_queue, result_key
 from vela2.wire.messages import build_message
-from worker.faults import TEST_CRASH_ENV, TEST_CRASH_EXIT, TEST_DELAY_ENV
-from worker.metrics import AmqpQueueDepthCollector
+from worker.obs.metrics import AmqpQueueDepthCollector
 
 MODEL = "vela2-demo"
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank"
@@ -52,7 +52,7 @@ def test_quorum_queues_ack_after_store_prefetch_bound_and_warm_shutdown(redis_ur
     assert {q: queues[q]["type"] for q in (ONLINE, BACKFILL)} == {ONLINE: "quorum", BACKFILL: "quorum"}
     assert rabbitmq_vhost.ready(ONLINE) == 10 and rabbitmq_vhost.ready(BACKFILL) == 10
     # one row per batch, 0.4 s each; a buffer of 4 (2 per queue's consumer); warm shutdown after 1 s
-    w1 = start_worker(redis_url, broker_url=amqp_url, env={TEST_DELAY_ENV: "0.4"}, max_buffered=4,
+    w1 = start_worker(redis_url, broker_url=amqp_url, faults=Faults(delay_s=0.4), max_buffered=4,
                       max_batch_tokens=64, shutdown_timeout_s=1).wait_ready()
     wait_until(lambda: len(answered(client, ids)) >= 3, 60, "three answers", w1.log)
     assert w1.terminate(60) == 0
@@ -76,7 +76,7 @@ def test_quorum_queues_ack_after_store_prefetch_bound_and_warm_shutdown(redis_ur
 
 
 def test_a_killed_workers_messages_are_redelivered_at_once(redis_url, amqp_url, rabbitmq_vhost, start_worker):
-    w1 = start_worker(redis_url, broker_url=amqp_url, env={TEST_DELAY_ENV: "0.6"}, max_buffered=6,
+    w1 = start_worker(redis_url, broker_url=amqp_url, faults=Faults(delay_s=0.6), max_buffered=6,
                       max_batch_tokens=128).wait_ready()
     client = Client(redis_url, model=MODEL, broker_url=amqp_url)
     ids = client.submit_many([row(f"k-{i}") for i in range(16)])
@@ -100,7 +100,7 @@ def test_online_requests_overtake_a_backfill_backlog(redis_url, amqp_url, rabbit
     client = Client(redis_url, model=MODEL, broker_url=amqp_url)
     backlog = client.submit_many([row(f"bf-{i:03d}") for i in range(40)], backfill=True)
     # a slow device, one request per batch, a buffer of 2 (one per queue): the backlog drains one by one
-    worker = start_worker(redis_url, broker_url=amqp_url, env={TEST_DELAY_ENV: "0.15"}, max_buffered=2,
+    worker = start_worker(redis_url, broker_url=amqp_url, faults=Faults(delay_s=0.15), max_buffered=2,
                           max_batch_tokens=64, max_wait_ms=0).wait_ready()
     wait_until(lambda: rabbitmq_vhost.ready(BACKFILL) <= 34, 60, "the backlog draining", worker.log)
     online = [client.submit(row(f"on-{i}")) for i in range(3)]
@@ -117,23 +117,23 @@ def test_online_requests_overtake_a_backfill_backlog(redis_url, amqp_url, rabbit
 
 def test_a_request_that_kills_every_worker_is_dead_lettered(redis_url, amqp_url, start_worker):
     settings = {"max_buffered": 2, "max_batch_tokens": 768, "max_wait_ms": 50}
-    env = {TEST_CRASH_ENV: "poison-"}
+    faults = Faults(crash_prefix="poison-")
     client = Client(redis_url, model=MODEL, broker_url=amqp_url)
     rows = [row(f"good-{i}") for i in range(6)]
     rows.insert(2, {**rows[0], "id": "poison-1"})
     ids = client.submit_many(rows)
     exits: list[int] = []
-    worker = start_worker(redis_url, broker_url=amqp_url, env=env, **settings)
+    worker = start_worker(redis_url, broker_url=amqp_url, faults=faults, **settings)
     deadline = time.monotonic() + 240
     while len(answered(client, ids)) < len(ids):  # the supervisor: restart the worker whenever it dies
         assert time.monotonic() < deadline, f"exits {exits}\n{worker.log()[-3000:]}"
         if worker.proc.poll() is not None:
             exits.append(worker.proc.returncode)
-            assert exits[-1] == TEST_CRASH_EXIT, worker.log()[-3000:]
+            assert exits[-1] == CRASH_EXIT, worker.log()[-3000:]
             assert len(exits) <= 3, f"crash loop: {exits}"
-            worker = start_worker(redis_url, broker_url=amqp_url, env=env, **settings)
+            worker = start_worker(redis_url, broker_url=amqp_url, faults=faults, **settings)
         time.sleep(0.1)
-    assert exits == [TEST_CRASH_EXIT] * 3  # counted in the result store: three crashes, then never run
+    assert exits == [CRASH_EXIT] * 3  # counted in the result store: three crashes, then never run
     got = client.results_many(ids, timeout_s=5)
     poison = got.pop("poison-1")
     assert poison is not None and poison.error is not None and poison.error.type == "poison"
@@ -254,16 +254,16 @@ def test_deliveries_that_are_no_messages_of_ours_are_answered_or_dead_lettered(r
 
 
 def test_triage_rewrites_a_refused_delivery_and_strips_forged_refusal_headers(demo_dir):
-    """worker.amqp without a broker: kombu's Message as the consumer hands it over."""
+    """worker.transport.amqp without a broker: kombu's Message as the consumer hands it over."""
     from datetime import UTC, datetime
     from decimal import Decimal
 
     from kombu.message import Message
 
     from vela2.wire.messages import REFUSED_CONTENT_TYPE, REFUSED_HEADER, refused_ids
-    from worker import amqp
     from worker.app import create_app
     from worker.settings import WorkerSettings
+    from worker.transport import amqp
 
     body, headers = ours("r-1", vela2_refused="forged", vela2_refused_ids=["victim"])
     good = Message(body=body, headers=headers, content_type="application/json", delivery_info={"routing_key": ONLINE})
@@ -291,7 +291,7 @@ def test_triage_rewrites_a_refused_delivery_and_strips_forged_refusal_headers(de
 
     on_amqp = create_app(WorkerSettings(checkpoint=str(demo_dir), broker_url="amqp://guest:guest@127.0.0.1:5672/x"))
     on_redis = create_app(WorkerSettings(checkpoint=str(demo_dir)))
-    assert on_amqp.conf.worker_consumer == "worker.amqp:TriagingConsumer"
+    assert on_amqp.conf.worker_consumer == "worker.transport.amqp:TriagingConsumer"
     assert on_redis.conf.worker_consumer == "celery.worker.consumer:Consumer"  # the Redis channel triages
     on_amqp.close()
     on_redis.close()

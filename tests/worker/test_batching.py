@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.batching import Buckets, bucket_of
+from worker.engine.batching import Buckets, bucket_of
 
 
 def test_bucket_edges_are_four_per_power_of_two():

@@ -100,7 +100,7 @@ def test_split_held_tells_our_records_from_kombus():
 
 
 def _connection(url: str) -> Connection:
-    return Connection(url, transport="worker.broker:RedisTransport",
+    return Connection(url, transport="worker.transport.redis:RedisTransport",
                       transport_options={"queue_order_strategy": "priority", "visibility_timeout": 3600})
 
 
@@ -169,7 +169,7 @@ def test_a_waiting_consumer_takes_what_arrives_and_the_credit_bounds_a_take(r, r
 def test_an_idle_consumer_waits_on_the_online_list_at_most_other_lists_wait(r, redis_url, monkeypatch):
     # one command blocks on one list only: an idle consumer's wait on the online list must end every
     # OTHER_LISTS_WAIT_S so that a backfill arrival is taken then, not after kombu's brpop_timeout (1 s)
-    from worker import broker
+    from worker.transport import redis as broker
 
     sent: list[tuple] = []
     got: list = []
@@ -211,7 +211,7 @@ def test_a_record_kombu_wrote_itself_is_still_restored(r, redis_url):
 def test_refreshing_bindings_while_redis_is_full_waits_instead_of_logging_tracebacks(monkeypatch, redis_url, caplog):
     from kombu.transport import redis as kombu_redis
 
-    from worker.retry import BLOCKED
+    from worker.transport.retry import BLOCKED
 
     def full(self):
         raise redis_lib.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")

@@ -10,8 +10,8 @@ import pytest
 from celery import Celery
 from kombu import Queue
 
+from vela2.api.schemas import content_id
 from vela2.errors import InvalidRequest, LimitExceeded
-from vela2.schemas import content_id
 from vela2.wire.keys import TASK_NAME, backfill_queue, is_chunk_id, online_queue, result_key
 from vela2.wire.messages import build_message, decode_body, parse_expires, request_id
 
@@ -71,8 +71,8 @@ def test_a_chunk_carries_each_row_under_its_own_id():
 
 
 def test_ids_match_what_the_library_gives_rows_and_system_one_requests():
-    from vela2.schemas import parse_row
-    from vela2.systemone import parse_request
+    from vela2.api.schemas import parse_row
+    from vela2.api.systemone import parse_request
 
     anon_row = {k: v for k, v in ROW.items() if k != "id"}
     assert request_id(anon_row) == parse_row(anon_row).id

@@ -12,9 +12,9 @@ import pytest
 
 from bench.queue_bench import short_rows
 from vela2.errors import ModelError
-from vela2.pipeline import run_batch
+from vela2.scoring.pipeline import run_batch
 from vela2.wire.messages import request_digest
-from worker.cpu_procs import CpuProcesses, Rendered
+from worker.runtime.cpu_procs import CpuProcesses, Rendered
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def _collect(done, n: int, timeout_s: float = 60.0) -> dict:
 
 
 def test_rows_rendered_and_decoded_in_processes_equal_the_same_steps_in_process(procs, demo_model):
-    from vela2.pipeline import finish, prepare
+    from vela2.scoring.pipeline import finish, prepare
 
     p, done = procs
     rows = short_rows(12, "cp-")
@@ -114,7 +114,7 @@ class _Pipe:
 def test_a_long_work_list_answers_in_chunks(demo_dir, demo_model):
     """(the child's loop, run here) 100 renders sent at once come back in chunks of at most
     REPLY_CHUNK answers, in order: the engine gets the first rows after ~32 renders, not 100."""
-    from worker.cpu_procs import REPLY_CHUNK, _serve
+    from worker.runtime.cpu_procs import REPLY_CHUNK, _serve
 
     rows = short_rows(100, "chunk-")
     pipe = _Pipe([("render", k, row) for k, row in enumerate(rows)])

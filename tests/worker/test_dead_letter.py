@@ -21,13 +21,13 @@ import fakeredis
 import pytest
 
 from producer.client import Client
-from vela2.calibration import Calibration
-from vela2.schemas import Answer, RowResult, Status, parse_row
+from stack.faults import CRASH_EXIT, Faults
+from vela2.api.schemas import Answer, RowResult, Status, parse_row
+from vela2.model.calibration import Calibration
 from vela2.wire.keys import UNACKED_KEY, attempts_key, dead_letter, online_queue
 from vela2.wire.messages import build_message
 from vela2.wire.results import ResultStore, read_results
-from worker.engine import Delivery, Engine
-from worker.faults import TEST_CRASH_ENV, TEST_CRASH_EXIT
+from worker.engine.loop import Delivery, Engine
 from worker.settings import EngineSettings
 
 MODEL = "vela2-demo"
@@ -173,7 +173,7 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(redis_ur
     # A short visibility timeout (a crashed worker's messages come back soon) that still passes the
     # start-up check on a busy runner: 2 buffered messages, one window per batch.
     settings = {"visibility_timeout_s": 10, "max_buffered": 2, "max_batch_tokens": 768, "max_wait_ms": 50}
-    env = {TEST_CRASH_ENV: "poison-"}
+    faults = Faults(crash_prefix="poison-")
     client = Client(redis_url, model=MODEL)
     r = client.redis
     rows = [
@@ -184,7 +184,7 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(redis_ur
     ids = client.submit_many(rows)
 
     exits: list[int] = []
-    worker = start_worker(redis_url, env=env, **settings)
+    worker = start_worker(redis_url, faults=faults, **settings)
     deadline = time.monotonic() + 240
     while True:  # the supervisor: restart the worker whenever it dies
         got = read_results(r, ids)
@@ -193,12 +193,12 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(redis_ur
         assert time.monotonic() < deadline, f"exits {exits}; missing {[k for k, v in got.items() if v is None]}"
         if worker.proc.poll() is not None:
             exits.append(worker.proc.returncode)
-            assert exits[-1] == TEST_CRASH_EXIT, f"worker exited with {exits[-1]}:\n{worker.log()[-3000:]}"
+            assert exits[-1] == CRASH_EXIT, f"worker exited with {exits[-1]}:\n{worker.log()[-3000:]}"
             assert len(exits) <= 3, f"crash loop: {exits}\n{worker.log()[-3000:]}"
-            worker = start_worker(redis_url, env=env, **settings)
+            worker = start_worker(redis_url, faults=faults, **settings)
         time.sleep(0.1)
 
-    assert exits == [TEST_CRASH_EXIT] * 3  # the poison ran three times, then never again
+    assert exits == [CRASH_EXIT] * 3  # the poison ran three times, then never again
     poison = got.pop("poison-1")
     assert poison.status == Status.error and poison.error.type == "poison"
     assert poison.error.message == f"request crashed the worker 3 times; moved to {dead_letter(MODEL)}"

@@ -1,4 +1,4 @@
-"""worker.device: run_batch in a spawned process of its own gives run_batch's own outputs, reports a
+"""worker.runtime.device: run_batch in a spawned process of its own gives run_batch's own outputs, reports a
 batch that raises as that batch's error, keeps serving after it, and takes the worker down with its
 own exit code when it dies (what a crash in the worker process itself does)."""
 
@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 from bench.queue_bench import short_rows
+from stack.faults import CRASH_EXIT, Faults
 from vela2.config import Vela2Config
 from vela2.errors import ConfigError
-from vela2.pipeline import launch_batch, prepare, run_batch
-from worker.device import ModelSpec, ProcessDevice, ThreadDevice
-from worker.faults import TEST_CRASH_ENV, TEST_CRASH_EXIT, TEST_FAIL_ENV
+from vela2.scoring import pipeline
+from vela2.scoring.pipeline import launch_batch, prepare, run_batch
+from worker.runtime.device import ModelSpec, ProcessDevice, ThreadDevice
+from worker.runtime.warmup import measure_worst_batch_s
 from worker.settings import EngineSettings
-from worker.startup import measure_worst_batch_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,9 +60,8 @@ def test_launch_then_collect_equals_run_batch(demo_model):
     _same(b.outputs(), run_batch(demo_model, second, "fp32"))
 
 
-def test_process_device_gives_run_batch_outputs_in_order(demo_dir, demo_model, monkeypatch):
-    monkeypatch.setenv(TEST_FAIL_ENV, "fails-")
-    dev = ProcessDevice(_spec(demo_dir), None, _worst())
+def test_process_device_gives_run_batch_outputs_in_order(demo_dir, demo_model):
+    dev = ProcessDevice(_spec(demo_dir), None, _worst(), Faults(fail_prefix="fails-"))
     dev.start()
     try:
         assert dev.worst_s > 0
@@ -85,7 +85,7 @@ def test_process_device_gives_run_batch_outputs_in_order(demo_dir, demo_model, m
 
 
 def test_thread_device_gives_run_batch_outputs(demo_model):
-    dev = ThreadDevice(__import__("vela2.pipeline").pipeline, demo_model, "fp32", None)
+    dev = ThreadDevice(pipeline, demo_model, "fp32", None)
     try:
         batch = _batches(demo_model, "td-")[0]
         _same(dev.submit(batch).result(60).outputs, run_batch(demo_model, batch, "fp32"))
@@ -106,18 +106,18 @@ def test_a_device_process_that_dies_takes_the_worker_with_its_exit_code(demo_dir
     script.write_text(textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        os.environ[{TEST_CRASH_ENV!r}] = "boom-"
 
         if __name__ == "__main__":  # the device process is spawned: it imports this file too
             from pathlib import Path
             import torch
             import vela2
+            from stack.faults import Faults
             from tests.worker.test_device import _batches, _spec, _worst
-            from worker.device import ProcessDevice
+            from worker.runtime.device import ProcessDevice
 
             demo = Path({str(demo_dir)!r})
             model = vela2.load(demo, dtype=torch.float32)
-            dev = ProcessDevice(_spec(demo), None, _worst())
+            dev = ProcessDevice(_spec(demo), None, _worst(), Faults(crash_prefix="boom-"))
             dev.start()
             print("started", flush=True)
             dev.submit(_batches(model, "boom-", n=2)[0])
@@ -126,5 +126,5 @@ def test_a_device_process_that_dies_takes_the_worker_with_its_exit_code(demo_dir
     """))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert "started" in proc.stdout and "still alive" not in proc.stdout, proc.stderr[-2000:]
-    assert proc.returncode == TEST_CRASH_EXIT, proc.stderr[-2000:]
+    assert proc.returncode == CRASH_EXIT, proc.stderr[-2000:]
     assert "the device process exited (code 137)" in proc.stderr

@@ -15,13 +15,13 @@ from typing import Any
 import fakeredis
 import pytest
 
-from vela2.calibration import Calibration
-from vela2.schemas import Answer, RowResult, Status, parse_row
+from vela2.api.schemas import Answer, RowResult, Status, parse_row
+from vela2.model.calibration import Calibration
 from vela2.wire.jobs import JOB_FIELDS, parse_job, request_wire_id
 from vela2.wire.keys import attempts_key, cancel_key, job_key, result_key
 from vela2.wire.messages import build_message
 from vela2.wire.results import ResultStore, read_results, row_meta
-from worker.engine import Delivery, Engine, EngineSettings
+from worker.engine.loop import Delivery, Engine, EngineSettings
 
 QUEUE = "vela2.fake"
 
@@ -324,7 +324,7 @@ def test_a_failing_store_delays_the_ack(redis):
 def test_with_wait_replicas_an_ack_waits_until_replicas_hold_the_results(redis):
     """settings.wait_replicas: results are stored, then a write of the worker's own and WAIT in one round
     trip; a short WAIT leaves the message unacked (tried again a second later), never lost or acked early."""
-    from worker.engine import WAIT_REPLICAS_TIMEOUT_MS
+    from worker.engine.loop import WAIT_REPLICAS_TIMEOUT_MS
 
     replicas, waits = {"n": 0}, []
     real_pipeline = redis.pipeline
@@ -519,7 +519,7 @@ class GatedPipeline(FakePipeline):
 def test_the_next_full_batch_waits_behind_the_running_one_and_no_partial_one_does(redis):
     """While a batch runs, the engine hands the device one more batch, only a full one (a partial
     one may still gain company), never more than MAX_IN_FLIGHT; all are answered once it runs."""
-    from worker.engine import MAX_IN_FLIGHT
+    from worker.engine.loop import MAX_IN_FLIGHT
 
     pipe = GatedPipeline()
     # 18-token sequences, 256-token batches: 14 per full batch; 40 rows = 2 full batches + 12
@@ -544,7 +544,7 @@ def test_the_next_full_batch_waits_behind_the_running_one_and_no_partial_one_doe
 
 
 class RecordingCpu:
-    """worker.cpu_procs.CpuProcesses' engine-facing calls, recorded (no processes)."""
+    """worker.runtime.cpu_procs.CpuProcesses' engine-facing calls, recorded (no processes)."""
 
     def __init__(self):
         self.on_done = None
@@ -562,7 +562,7 @@ def test_a_flood_of_requests_is_sent_to_render_a_slice_at_a_time(redis):
     """One turn's deliveries (three 200-row messages) go to the render processes in slices of at
     least INTAKE_SLICE requests, each message whole; an id repeated in a later slice follows the
     first one instead of rendering again."""
-    from worker.engine import INTAKE_SLICE
+    from worker.engine.loop import INTAKE_SLICE
 
     cpu = RecordingCpu()
     settings = EngineSettings(max_batch_tokens=1024, max_wait_ms=5.0)
@@ -583,7 +583,7 @@ def test_a_flood_of_requests_is_sent_to_render_a_slice_at_a_time(redis):
 def test_a_turn_takes_at_most_turn_events_and_leaves_the_rest_queued(redis):
     """A flood of one-row messages is taken over several turns (a batch can launch between them):
     the first turn takes TURN_EVENTS, the next one the rest."""
-    from worker.engine import TURN_EVENTS
+    from worker.engine.loop import TURN_EVENTS
 
     cpu = RecordingCpu()
     engine = Engine(SimpleNamespace(name="fake", calibration=Calibration()), ResultStore(redis, ttl_s=600),
@@ -633,8 +633,8 @@ class OrderLog:
 
 def test_a_batch_back_from_the_device_lets_the_next_launch_before_its_rows_go_to_decoding(redis):
     """The device must not idle while the engine ships a finished batch's outputs to decoding."""
-    from worker.device import Ran
-    from worker.engine import MAX_IN_FLIGHT
+    from worker.engine.loop import MAX_IN_FLIGHT
+    from worker.runtime.device import Ran
 
     fake = OrderLog()
     engine = Engine(SimpleNamespace(name="fake", calibration=Calibration()), ResultStore(redis, ttl_s=600),
@@ -658,7 +658,7 @@ def test_a_batch_back_from_the_device_lets_the_next_launch_before_its_rows_go_to
 def test_a_turn_opens_at_most_turn_requests_and_the_rest_waits_for_the_next(redis):
     """Multi-row messages flooding in: a turn opens whole messages until TURN_REQUESTS requests,
     the other deliveries wait (unopened) for the next turn, so a batch can launch between."""
-    from worker.engine import TURN_REQUESTS
+    from worker.engine.loop import TURN_REQUESTS
 
     cpu = RecordingCpu()
     engine = Engine(SimpleNamespace(name="fake", calibration=Calibration()), ResultStore(redis, ttl_s=600),

@@ -1,5 +1,5 @@
 """Row packing in the engine (`EngineSettings.row_tokens`): every length shares one bucket, batches
-are packed by `vela2.packing.pack(..., row_tokens=R)` and run_batch receives R. Pure Buckets
+are packed by `vela2.text.packing.pack(..., row_tokens=R)` and run_batch receives R. Pure Buckets
 and the engine with a fake pipeline and fakeredis; no model, no broker."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import fakeredis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vela2.calibration import Calibration
-from vela2.packing import plan_rows
-from vela2.schemas import Answer, RowResult, Status, parse_row
+from vela2.api.schemas import Answer, RowResult, Status, parse_row
+from vela2.model.calibration import Calibration
+from vela2.text.packing import plan_rows
 from vela2.wire.messages import build_message
 from vela2.wire.results import ResultStore, read_results
-from worker.batching import Buckets
-from worker.engine import Delivery, Engine, EngineSettings
+from worker.engine.batching import Buckets
+from worker.engine.loop import Delivery, Engine, EngineSettings
 
 QUEUE = "vela2.fake"
 ROW_TOKENS = 64

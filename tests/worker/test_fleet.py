@@ -11,7 +11,7 @@ import redis
 
 from producer import Client
 from producer import status as status_cli
-from vela2 import checkpoint
+from vela2.model import checkpoint
 from vela2.wire import fleet, keys
 
 MODEL = "vela2-demo"

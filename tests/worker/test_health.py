@@ -1,4 +1,4 @@
-"""worker.health: what /livez and /readyz answer in each state of a worker's life."""
+"""worker.obs.health: what /livez and /readyz answer in each state of a worker's life."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry
 
-from worker.health import Health, serve
+from worker.obs.health import Health, serve
 
 
 def get(port: int, path: str) -> tuple[int, dict]:

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from producer.client import Client
 from producer.jobs import job_info
+from stack.faults import Faults
 from stack.harness import ROOT, child_env, free_port
-from worker.faults import TEST_DELAY_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def wait_for(what: str, check, timeout_s: float = 120.0):
 def test_a_job_outlives_its_submitter_is_cancelled_halfway_and_reads_back_in_order(redis_url, start_worker,
                                                                                   tmp_path: Path):
     port = free_port()
-    worker = start_worker(redis_url, env={TEST_DELAY_ENV: "0.3"}, max_buffered=MAX_BUFFERED,
+    worker = start_worker(redis_url, faults=Faults(delay_s=0.3), max_buffered=MAX_BUFFERED,
                           metrics_port=port).wait_ready()
     n_rows = 80
     objs: list = [row(i) for i in range(n_rows)]

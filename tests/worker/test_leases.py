@@ -7,7 +7,7 @@ import time
 import fakeredis
 
 from vela2.wire.keys import UNACKED_INDEX_KEY
-from worker.leases import Leases
+from worker.runtime.leases import Leases
 
 
 def test_held_messages_are_renewed_and_released_ones_never_come_back():

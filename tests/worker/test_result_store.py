@@ -9,8 +9,8 @@ import fakeredis
 import pytest
 from celery import Celery
 
+from vela2.api.schemas import RowResult, Status, error_result, expired_result
 from vela2.errors import InvalidRequest
-from vela2.schemas import RowResult, Status, error_result, expired_result
 from vela2.wire.keys import result_key
 from vela2.wire.results import ResultStore, chunk_meta, exc_type_name, read_answers, read_results, row_meta
 

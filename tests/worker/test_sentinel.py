@@ -38,7 +38,7 @@ def run_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
 def test_the_worker_app_takes_sentinel_urls_for_broker_and_backend(demo_dir):
     url = "sentinel://:s3cret@10.0.0.1:26379/2;sentinel://10.0.0.2?master_name=main"
     app = create_app(WorkerSettings(redis_url=url, checkpoint=str(demo_dir)))
-    assert app.conf.broker_transport == "worker.broker:SentinelTransport"
+    assert app.conf.broker_transport == "worker.transport.redis:SentinelTransport"
     assert app.conf.broker_transport_options["master_name"] == "main"
     assert app.conf.broker_transport_options["queue_order_strategy"] == "priority"  # the Redis options kept
     assert app.conf.result_backend_transport_options == {"master_name": "main", "sentinel_kwargs": {}}

@@ -11,8 +11,8 @@ import pytest
 from vela2.errors import ConfigError
 from worker import settings as worker_settings
 from worker.app import create_app
+from worker.runtime.checks import MIN_VISIBILITY_S, check_visibility, required_visibility_s
 from worker.settings import EngineSettings, WorkerSettings, env_name, specs
-from worker.startup import MIN_VISIBILITY_S, check_visibility, required_visibility_s
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {spec.name: spec.env for spec in specs()}

@@ -8,7 +8,7 @@ import time
 from celery import Celery
 
 from producer.client import Client
-from vela2.demo import sample_rows
+from vela2.train.demo_model import sample_rows
 
 
 def test_worker_sends_task_events_for_flower(redis_url, start_worker):

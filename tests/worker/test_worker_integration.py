@@ -18,13 +18,13 @@ import pytest
 from celery import Celery
 
 from producer.client import Client
-from vela2.demo import sample_rows
-from vela2.schemas import RowResult, Status
-from vela2.systemone import parse_request, to_answer, to_row
+from stack.faults import Faults
+from vela2.api.schemas import RowResult, Status
+from vela2.api.systemone import parse_request, to_answer, to_row
+from vela2.train.demo_model import sample_rows
 from vela2.wire.keys import UNACKED_KEY, online_queue, result_key
 from vela2.wire.messages import build_message
 from vela2.wire.results import read_results
-from worker.faults import TEST_DELAY_ENV, TEST_FAIL_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -121,7 +121,7 @@ def wait_for(redis, ids: list[str], timeout_s: float) -> dict[str, RowResult | N
 @pytest.mark.parametrize(("cpu_processes", "device_process"), [(0, 0), (2, 0), (2, 1)],
                          ids=["render-threads", "render-processes", "device-process"])
 def test_worker_answers_equal_predict(redis_url, start_worker, demo_model, cpu_processes, device_process):
-    from vela2.reference import predict
+    from vela2.scoring.predict import predict
 
     worker = start_worker(redis_url, cpu_processes=cpu_processes, device_process=device_process).wait_ready()
     assert (f"render / decode in {cpu_processes} processes" in worker.log()) == bool(cpu_processes)
@@ -193,7 +193,7 @@ def _wait_drained(redis, timeout_s: float = 30.0) -> None:
 
 def test_bad_input_never_harms_a_batch_or_the_worker(redis_url, start_worker):
     # A long max_wait: the six rows pushed together surely share one batch, however busy the runner.
-    worker = start_worker(redis_url, env={TEST_FAIL_ENV: "poison"}, max_wait_ms=1000).wait_ready()
+    worker = start_worker(redis_url, faults=Faults(fail_prefix="poison"), max_wait_ms=1000).wait_ready()
     client = Client(redis_url, model=MODEL)
     r = client.redis
     base = {"task": "choice:boolq", "text": TEXT, "questions": [{"options": ["yes", "no"]}]}
@@ -241,8 +241,8 @@ def test_worker_refuses_a_visibility_timeout_shorter_than_its_worst_case(redis_u
 def test_sigkill_with_requests_buffered_and_mid_batch_then_another_worker_answers_all(redis_url, start_worker):
     # Worker 1: a slow device (0.6 s per batch of two rows), a buffer of 3, a short visibility
     # timeout: when its first batch is done it holds two rows mid-batch and one buffered.
-    slow = {TEST_DELAY_ENV: "0.6"}
-    w1 = start_worker(redis_url, env=slow, visibility_timeout_s=20, max_buffered=3, max_batch_tokens=128)
+    slow = Faults(delay_s=0.6)
+    w1 = start_worker(redis_url, faults=slow, visibility_timeout_s=20, max_buffered=3, max_batch_tokens=128)
     w1.wait_ready()
     client = Client(redis_url, model=MODEL)
     r = client.redis
@@ -274,9 +274,9 @@ def test_sigkill_with_requests_buffered_and_mid_batch_then_another_worker_answer
 
 @pytest.mark.parametrize("device_process", [0, 1], ids=["device-thread", "device-process"])
 def test_warm_shutdown_finishes_or_returns_everything_it_holds(redis_url, start_worker, device_process):
-    slow = {TEST_DELAY_ENV: "0.5"}
+    slow = Faults(delay_s=0.5)
     # One row per batch, 0.5 s each: 8 held rows need 4 s; the shutdown timeout is 1 s.
-    w1 = start_worker(redis_url, env=slow, max_buffered=8, max_batch_tokens=64, shutdown_timeout_s=1,
+    w1 = start_worker(redis_url, faults=slow, max_buffered=8, max_batch_tokens=64, shutdown_timeout_s=1,
                       device_process=device_process)
     w1.wait_ready()
     client = Client(redis_url, model=MODEL)
@@ -313,7 +313,7 @@ def test_the_deadline_header_is_an_iso_time():
 def test_a_live_worker_keeps_what_it_holds_past_the_visibility_timeout(redis_url, start_worker):
     # one row per 0.5 s batch and 30 held: the last waits ~15 s, past a 6 s visibility timeout and the
     # restore sweep kombu runs every 10 s, which without renewals would hand the held ones out again
-    worker = start_worker(redis_url, env={TEST_DELAY_ENV: "0.5"}, visibility_timeout_s=6, max_buffered=32,
+    worker = start_worker(redis_url, faults=Faults(delay_s=0.5), visibility_timeout_s=6, max_buffered=32,
                           max_batch_tokens=64, max_wait_ms=0).wait_ready()
     client = Client(redis_url, model=MODEL)
     base = {"task": "choice:boolq", "text": "Held for a long time.", "questions": [{"options": ["yes", "no"]}]}

@@ -11,10 +11,10 @@ from prometheus_client import generate_latest
 
 from producer.client import Client
 from stack.harness import free_port
-from vela2.demo import sample_rows
+from vela2.train.demo_model import sample_rows
 from vela2.wire.keys import online_queue
 from vela2.wire.messages import build_message
-from worker.metrics import Metrics
+from worker.obs.metrics import Metrics
 
 
 def scrape(port: int) -> str:

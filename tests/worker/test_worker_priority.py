@@ -6,8 +6,8 @@ import json
 import time
 
 from producer.client import Client
+from stack.faults import Faults
 from vela2.wire.keys import result_key
-from worker.faults import TEST_DELAY_ENV
 
 MODEL = "vela2-demo"
 
@@ -25,7 +25,7 @@ def test_online_requests_overtake_a_backfill_backlog(redis_url, start_worker):
     client = Client(redis_url, model=MODEL)
     backlog = client.submit_many([row(f"bf-{i:03d}") for i in range(40)], backfill=True, chunk_size=1)
     # a slow device, one request per batch, a small buffer: the backlog drains one by one
-    worker = start_worker(redis_url, env={TEST_DELAY_ENV: "0.15"}, max_buffered=2, max_batch_tokens=64,
+    worker = start_worker(redis_url, faults=Faults(delay_s=0.15), max_buffered=2, max_batch_tokens=64,
                           max_wait_ms=0).wait_ready()
     while client.redis.llen(f"vela2.{MODEL}.backfill") > 34:  # the worker is busy with the backlog
         time.sleep(0.05)

@@ -10,8 +10,8 @@ import redis as redis_lib
 
 from producer.client import Client
 from stack.harness import ROOT, child_env
-from vela2.redis_url import PASSWORD_IN_ARGV
 from vela2.wire.keys import online_queue
+from vela2.wire.urls import PASSWORD_IN_ARGV
 
 MODEL = "vela2-demo"
 
@@ -67,7 +67,7 @@ def test_wait_replicas_needs_that_many_replicas_connected_at_start(redis_server_
     import pytest
 
     from vela2.errors import ConfigError
-    from worker.startup import check_redis
+    from worker.runtime.checks import check_redis
 
     master = redis_server_factory()
     t0 = time.monotonic()

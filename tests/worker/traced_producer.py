@@ -22,7 +22,7 @@ provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
 
 from producer import Client  # noqa: E402
-from producer.http import create_app  # noqa: E402
+from producer.http.app import create_app  # noqa: E402
 
 url, model, http_traceparent = sys.argv[1], sys.argv[2], sys.argv[3]
 rows = [{"id": f"t-{k}", "task": "choice:boolq", "text": f"Is the sky blue? {k}",

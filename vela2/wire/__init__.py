@@ -6,6 +6,6 @@ Both sides import this package and never each other (tests/test_layers.py checks
 - `messages` — Celery protocol-2 messages: building them, and decoding a delivery into requests;
 - `results` — the stored result meta: writing it (write-once) beside reading it back.
 
-Standard library, pydantic and vela2.schemas / errors / config only: no celery, no torch, no
+Standard library, pydantic and vela2.api.schemas / errors / config only: no celery, no torch, no
 redis import (callers hand in their client).
 """

@@ -2,7 +2,7 @@
 AsyncClient, `vela2 backfill` / `jobs` / `http` / `status`).
 
 `redis://`, `rediss://` and `unix://` URLs go to redis-py's `from_url`. A `sentinel://` URL
-(vela2.redis_url.parse_sentinel_url) becomes a client of the master the sentinels name: redis-py's
+(vela2.wire.urls.parse_sentinel_url) becomes a client of the master the sentinels name: redis-py's
 Sentinel-managed pool asks a sentinel for the master's address whenever it opens a connection, so
 after a failover (the old master's connections fail, or it answers READONLY as a replica) the next
 connection goes to the promoted replica. Callers keep their own retries; this only says where to
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vela2.redis_url import SentinelUrl, is_sentinel_url, parse_sentinel_url
+from vela2.wire.urls import SentinelUrl, is_sentinel_url, parse_sentinel_url
 
 SENTINEL_TIMEOUT_S = 2.0  # a sentinel that does not answer within this is skipped for the next one
 

@@ -114,7 +114,7 @@ def jobs_key(model_name: str) -> str:
 
 
 def workers_key(model_name: str) -> str:
-    """The heartbeats of a model's live workers (worker.leases writes, `vela2 http /readyz` reads)."""
+    """The heartbeats of a model's live workers (worker.runtime.leases writes, `vela2 http /readyz` reads)."""
     return f"{WORKERS_PREFIX}{model_name}"
 
 
@@ -129,7 +129,7 @@ def worker_info_key(model_name: str, worker_id: str) -> str:
 # a durable quorum queue (every message replicated over the cluster's nodes, Raft majority).
 # No x-delivery-limit: on RabbitMQ 3.x a message returned to the queue (a warm shutdown's returns)
 # counts as a delivery too, so it could dead-letter a request that never ran; crashes are counted by
-# the attempt counters in the result store instead (worker.attempts).
+# the attempt counters in the result store instead (worker.engine.attempts).
 AMQP_QUEUE_ARGUMENTS: dict[str, str] = {"x-queue-type": "quorum"}
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 

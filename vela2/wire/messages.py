@@ -13,7 +13,7 @@ counts their results on the job's record as it stores them.
 `build_message` writes the layout; `decode_delivery` reads a delivered message back (headers +
 body + content type -> its id, its requests with the ids they are answered under, its expiry), so
 the worker and every fake of it decode exactly what the producer built. Before that, every
-delivery passes `refusal` (on Redis inside `triage`, on RabbitMQ in worker.amqp): anything that is
+delivery passes `refusal` (on Redis inside `triage`, on RabbitMQ in worker.transport.amqp): anything that is
 no message of ours becomes a message of our task carrying the reason and the ids found in it
 (`refused_headers`), which the engine answers or dead-letters.
 """
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+from vela2.api.schemas import content_id
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, LimitExceeded
-from vela2.schemas import content_id
 from vela2.wire.keys import JOB_HEADER, TASK_NAME, chunk_id, id_problem
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def request_id(obj: Any) -> str:
         rid = obj.get("id")
         if isinstance(rid, str) and rid:
             return rid
-        if "model" in obj and "tasks" in obj and "input" in obj:  # SystemOne (vela2.systemone.is_system_one)
+        if "model" in obj and "tasks" in obj and "input" in obj:  # SystemOne (vela2.api.systemone.is_system_one)
             return request_digest(obj)  # its content without the (empty or absent) id
         return content_id(obj)
     return content_id(repr(obj))
@@ -395,7 +395,7 @@ def refusal(headers: Any, body: bytes | None, content_type: Any, *, body_problem
     message, or one whose headers are no object, is answered under the ids its body names).
     `body_problem`: why the transport could not read the body (the Redis envelope's encoding; then
     `body` is None). The one check both brokers run: the Redis channel on every queue item it takes
-    (`triage`), the RabbitMQ consumer on every delivery (worker.amqp)."""
+    (`triage`), the RabbitMQ consumer on every delivery (worker.transport.amqp)."""
     try:
         if not isinstance(headers, dict) or "task" not in headers:
             found = _protocol1_id(body)

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import redis
 
 from vela2 import errors
-from vela2.schemas import RowResult, Status
+from vela2.api.schemas import RowResult, Status
 from vela2.wire.jobs import ADMIT_SCRIPT, STORE_JOB_SCRIPT, job_keys, served_label
 from vela2.wire.keys import cancel_key, job_key, result_key, submitted_key
 

@@ -8,7 +8,7 @@ or `service`; an application that installed its own provider keeps it (and is tr
 
 On the wire: the producer starts a `vela2.submit` span (kind PRODUCER) per message and puts its W3C
 trace context (`traceparent`, `tracestate`) and the time it was queued (`vela2_sent_at`, unix
-seconds) in the message headers; the worker continues that trace (worker.tracing).
+seconds) in the message headers; the worker continues that trace (worker.obs.tracing).
 """
 
 from __future__ import annotations

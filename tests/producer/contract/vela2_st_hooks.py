@@ -1,7 +1,7 @@
 """Schemathesis hooks of the contract run (SCHEMATHESIS_HOOKS=vela2_st_hooks).
 
 The request schema states every rule of one field; the rules JSON Schema cannot state are written in
-its description (vela2.systemone.CROSS_FIELD_RULES). Generated bodies breaking one of those that
+its description (vela2.api.systemone.CROSS_FIELD_RULES). Generated bodies breaking one of those that
 concern a body's shape (two tasks of one name; a task's `fields` naming what is not a key of
 `input`) are not sent: the server refuses them (422), as the description says. A bulk job's JSONL
 body goes on the wire as text.

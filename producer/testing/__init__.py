@@ -1,0 +1,20 @@
+"""Test your code against Vela 2 without a GPU worker: `FakeWorker` (fake_worker) answers what a
+backend queues, on fakeredis or any Redis, as the real worker stores it; `pytest_plugin` holds the
+`vela2_*` fixtures pytest loads wherever vela2 is installed."""
+
+from producer.testing.fake_worker import (
+    FAKE_META_KEY,
+    MODEL,
+    STUB,
+    AnswerFn,
+    Drained,
+    FakeWorker,
+    assert_ok,
+    fake_digest,
+    model_answerer,
+    stub_answers,
+    stub_render,
+)
+
+__all__ = ["FAKE_META_KEY", "MODEL", "STUB", "AnswerFn", "Drained", "FakeWorker", "assert_ok", "fake_digest",
+           "model_answerer", "stub_answers", "stub_render"]

@@ -1,0 +1,1 @@
+"""The request API: rows, results and SystemOne requests (pydantic; no torch)."""

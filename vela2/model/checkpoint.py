@@ -1,0 +1,208 @@
+"""Checkpoint directories: config.json, model.safetensors (or shards + index), tokenizer.json,
+calibration.json. Release weights keep backbone Linear / Conv1D weights in bf16, everything else
+(embeddings, norms, biases, heads) in fp32. Loading never touches the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+from torch import nn
+
+from vela2.config import Vela2Config
+from vela2.errors import CheckpointError
+from vela2.model.calibration import Calibration
+from vela2.model.modeling import Vela2Model, build_backbone
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+IDENTITY_FILES = ("config.json", "tokenizer.json", "calibration.json")  # hashed into the digest beside the weights
+DIGEST_CHUNK = 16 << 20  # bytes read per hash update (hashlib releases the GIL on large updates)
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(DIGEST_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def digest(path: str | Path, *, random_weights: bool = False) -> str:
+    """The checkpoint's identity (32 hex digits): blake2b over the bytes of its config, tokenizer,
+    calibration and weight files, in name order. A re-calibrated or re-trained checkpoint gets a new
+    digest even under the same model name; every stored answer carries it (RowResult.served_by).
+    Reads every weight file once, files in parallel threads (a 9B checkpoint: ~18 GB). With
+    `random_weights` (benchmarks) the weights are not read and the digest says so."""
+    path = Path(path)
+    files = [path / name for name in IDENTITY_FILES if (path / name).is_file()]
+    if not random_weights:
+        files += sorted(set(weight_files(path).values()))
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(files)))) as pool:
+        parts = list(pool.map(_file_digest, files))
+    outer = hashlib.blake2b(digest_size=16)
+    for f, part in zip(files, parts, strict=True):
+        outer.update(f"{f.name}\0{part}\0".encode())
+    if random_weights:
+        outer.update(b"random-weights")
+    return outer.hexdigest()
+
+
+def _bf16_weight_names(model: Vela2Model) -> set[str]:
+    """Names of backbone matmul weights (nn.Linear and GPT-2 style Conv1D) stored in bf16."""
+    names = set()
+    for mod_name, mod in model.backbone.named_modules():
+        if isinstance(mod, nn.Linear) or type(mod).__name__ == "Conv1D":
+            names.add(f"backbone.{mod_name}.weight")
+    return names
+
+
+def release_state_dict(model: Vela2Model) -> dict[str, torch.Tensor]:
+    """The state dict as stored: backbone matmul weights bf16, the rest fp32, contiguous, on CPU."""
+    bf16 = _bf16_weight_names(model)
+    out = {}
+    for name, t in model.state_dict().items():
+        dtype = torch.bfloat16 if name in bf16 else torch.float32
+        out[name] = t.detach().to("cpu", dtype).contiguous()
+    return out
+
+
+def save(model: Vela2Model, path: str | Path, *, shard_max_bytes: int | None = None) -> None:
+    """Write a checkpoint directory; with `shard_max_bytes`, weights go to shards plus an index."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.write(path)
+    model.tokenizer.save(str(path / "tokenizer.json"))
+    model.calibration.write(path)
+    state = release_state_dict(model)
+    for stale in [path / WEIGHTS, path / INDEX, *path.glob("model-*-of-*.safetensors")]:
+        stale.unlink(missing_ok=True)
+    if shard_max_bytes is None:
+        save_file(state, str(path / WEIGHTS), metadata={"format": "pt"})
+        make_readable(path)
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > shard_max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / fname), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, fname))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    make_readable(path)
+
+
+def make_readable(path: Path) -> None:
+    """Every file of the checkpoint directory `path` world-readable (0644): a serving container
+    usually runs as another user than the one who wrote it, and safetensors writes its files 0600."""
+    for p in path.iterdir():
+        if p.is_file():
+            os.chmod(p, 0o644)
+
+
+def weight_files(path: Path, missing_hint: str = "") -> dict[str, Path]:
+    """tensor name -> file holding it, from the shard index or the single safetensors file (a Vela 2
+    checkpoint, or a transformers directory being imported); `missing_hint` ends the error's message."""
+    if (path / INDEX).is_file():
+        index = json.loads((path / INDEX).read_text())
+        return {name: path / fname for name, fname in index["weight_map"].items()}
+    if (path / WEIGHTS).is_file():
+        with safe_open(str(path / WEIGHTS), framework="pt") as f:
+            return dict.fromkeys(f.keys(), path / WEIGHTS)
+    raise CheckpointError(f"{path} holds neither {WEIGHTS} nor {INDEX}{missing_hint}")
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+         *, random_weights: bool = False, checkpoint_digest: str | None = None) -> Vela2Model:
+    """Load a checkpoint directory onto `device`.
+
+    `dtype` is the dtype the backbone is held in: float32 (runs precision fp32 and bf16 autocast,
+    from the stored bf16 matmul weights upcast exactly) or bfloat16 (bf16 only, half the memory).
+    Heads are always fp32. The model is built on the meta device, so a 9B export needs no
+    random initialisation and no second copy in host memory.
+    `random_weights=True` (benchmarks only) ignores stored weights and builds seeded random ones
+    on the device: a config + tokenizer directory is then enough to serve a 9B-shaped model.
+    `checkpoint_digest`: the checkpoint's `digest` when the caller has it already (else computed).
+    """
+    path = Path(path)
+    config = Vela2Config.read(path)
+    tok_path = path / "tokenizer.json"
+    if not tok_path.is_file():
+        raise CheckpointError(f"{tok_path} does not exist")
+    tokenizer = Tokenizer.from_file(str(tok_path))
+    calibration = Calibration.read(path)
+    if random_weights:
+        log.warning("%s: serving RANDOM weights (benchmark mode), not the stored ones", config.name)
+        model = Vela2Model.random(config, tokenizer, calibration, device=device, dtype=dtype)
+        model.digest = checkpoint_digest or digest(path, random_weights=True)
+        return model
+    with torch.device("meta"):
+        model = Vela2Model(config, tokenizer, calibration, build_backbone(config))
+    model.to_empty(device=device)
+    expected = set(model.state_dict())
+    files = weight_files(path)
+    missing, unexpected = expected - set(files), set(files) - expected
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint tensors do not match the config: missing {sorted(missing)[:5]} "
+            f"({len(missing)}), unexpected {sorted(unexpected)[:5]} ({len(unexpected)})"
+        )
+    params = dict(model.state_dict(keep_vars=True))
+    by_file: dict[Path, list[str]] = {}
+    for name, f in files.items():
+        by_file.setdefault(f, []).append(name)
+    with torch.no_grad():
+        for f, names in by_file.items():
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in names:
+                    t = sf.get_tensor(name)
+                    target = params[name]
+                    if t.shape != target.shape:
+                        raise CheckpointError(f"{name}: stored shape {tuple(t.shape)}; config expects "
+                                              f"{tuple(target.shape)}")
+                    target.copy_(t.to(target.dtype))
+    _rebuild_rotary(model.backbone, device)
+    model.backbone.to(dtype)
+    model.eval()
+    model.digest = checkpoint_digest or digest(path)
+    log.info("loaded %s from %s on %s (%s backbone), digest %s", config.name, path, device, dtype, model.digest)
+    return model
+
+
+def serving_dtype(precision: str) -> torch.dtype:
+    """The backbone dtype every serving path (CLI, worker, parity) loads for a precision:
+    bf16 holds the backbone in bfloat16 (half the memory, no per-call weight casts), fp32 in float32;
+    fp8 holds it in bfloat16 too (the fp8 copies are quantised from it at the first fp8 batch).
+    """
+    return torch.float32 if precision == "fp32" else torch.bfloat16
+
+
+def _rebuild_rotary(backbone: nn.Module, device) -> None:
+    """Recompute non-persistent buffers (rotary inv_freq) that meta construction left empty."""
+    for name, mod in list(backbone.named_modules()):
+        if hasattr(mod, "inv_freq") and hasattr(mod, "config"):
+            fresh = type(mod)(config=mod.config).to(device)
+            parent = backbone.get_submodule(name.rsplit(".", 1)[0]) if "." in name else backbone
+            setattr(parent, name.rsplit(".", 1)[-1], fresh)
+    leftover = [n for n, b in backbone.named_buffers() if b.is_meta]
+    if leftover:
+        raise CheckpointError(f"buffers left uninitialised after loading: {leftover[:5]}")

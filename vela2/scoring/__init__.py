@@ -1,0 +1,1 @@
+"""Scoring: the pipeline's steps (prepare, launch, finish) and predict(), the reference path."""

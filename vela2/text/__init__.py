@@ -1,0 +1,1 @@
+"""Text handling: words, windows, span decoding and packing (no torch)."""

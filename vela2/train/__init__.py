@@ -1,0 +1,1 @@
+"""Training and fitting: train, calibrate, evaluate, the synthetic data, the demo model, import."""

@@ -1,0 +1,164 @@
+"""Length buckets and token-budget batches, pure (no Redis, no model): the engine's packing policy.
+
+Sequences wait in buckets of similar length (edges 4 per power of two, so padding inside a bucket
+wastes under 25%). A bucket yields a batch when its padded tokens reach `max_batch_tokens` (a full
+batch) or when its oldest sequence has waited `max_wait_s` (then the bucket empties, oldest batch
+first). Among ready batches, one holding an online request (priority 0) goes before backfill-only
+ones (priority 1), then the one whose oldest sequence waited longest. Batches are packed with
+`vela2.text.packing.pack`, the one implementation of the budget rule:
+padded cost = longest x count <= max_batch_tokens; a sequence over the budget runs alone.
+
+Row packing (`row_tokens` R set): several short sequences share one row of R tokens, so length no
+longer sets the padding and every sequence waits in one shared bucket; batches are packed by
+`vela2.text.packing.pack(..., row_tokens=R)` (rows x R <= max_batch_tokens), and a batch
+is full when one more sequence as long as its longest would need a further batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from vela2.text.packing import pack
+
+T = TypeVar("T")
+
+MIN_BUCKET_TOKENS = 16  # every sequence up to this length shares the first bucket
+BUCKET_STEPS = 4  # bucket edges per power of two (edge ratio <= 1.25)
+
+
+def bucket_of(tokens: int, min_tokens: int = MIN_BUCKET_TOKENS, steps: int = BUCKET_STEPS) -> int:
+    """The bucket (its upper edge, in tokens) of a sequence of `tokens` tokens.
+
+    Edges: min_tokens, then `steps` equal steps inside each power of two (16, 20, 24, 28, 32, 40, ...).
+    """
+    if tokens <= min_tokens:
+        return min_tokens
+    base = 1 << ((tokens - 1).bit_length() - 1)  # largest power of two below `tokens`
+    step = max(1, base // steps)
+    return base + -(-(tokens - base) // step) * step
+
+
+def _urgency(batch: list[Waiting]) -> tuple[int, float]:
+    """Sort key of a candidate batch: online before backfill, then the longest wait."""
+    return min(w.priority for w in batch), min(w.since for w in batch)
+
+
+@dataclass
+class Waiting(Generic[T]):
+    """One sequence waiting for a batch."""
+
+    value: T
+    tokens: int
+    since: float  # when its request arrived (monotonic seconds): the wait counts from there
+    priority: int = 0  # 0 online, 1 backfill: lower goes first among ready batches
+
+
+class Buckets(Generic[T]):
+    """Waiting sequences by length bucket; `pop_batch` hands out the most urgent ready batch."""
+
+    def __init__(self, max_batch_tokens: int, max_wait_s: float, row_tokens: int | None = None):
+        """`row_tokens`: pack several short sequences per row of this many tokens (None: one per row)."""
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1; got {max_batch_tokens}")
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0; got {max_wait_s}")
+        if row_tokens is not None and row_tokens < 1:
+            raise ValueError(f"row_tokens must be >= 1 (or None: one sequence per row); got {row_tokens}")
+        self.row_tokens = row_tokens
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait_s = max_wait_s
+        self._buckets: dict[int, list[Waiting[T]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._buckets.values())
+
+    def add(self, value: T, tokens: int, since: float, priority: int = 0) -> None:
+        """Queue one sequence of `tokens` tokens whose request arrived at `since`."""
+        key = 0 if self.row_tokens else bucket_of(tokens)  # packed rows: one shared bucket
+        self._buckets.setdefault(key, []).append(Waiting(value, tokens, since, priority))
+
+    def next_deadline(self) -> float | None:
+        """When the oldest waiting sequence reaches max_wait (None when nothing waits)."""
+        oldest = [min(w.since for w in b) for b in self._buckets.values() if b]
+        return min(oldest) + self.max_wait_s if oldest else None
+
+    def _full(self, batch: list[Waiting[T]]) -> bool:
+        longest = max(w.tokens for w in batch)
+        if self.row_tokens:
+            # rows are planned first-fit: ask the packer whether one more as long still fits
+            return len(pack([w.tokens for w in batch] + [longest], self.max_batch_tokens, self.row_tokens)) > 1
+        return longest * (len(batch) + 1) > self.max_batch_tokens  # no room for one more as long
+
+    def _may_fill(self, items: list[Waiting[T]]) -> bool:
+        """Cheap test before packing: could these sequences fill a batch at all?"""
+        if self.row_tokens:
+            # First-fit leaves at most one row half empty or worse, so n sequences (plus the one
+            # more of `_full`) need at most 2 x tokens / capacity + 1 rows: fewer than a batch holds
+            # means no batch of them can be full yet.
+            longest = max(w.tokens for w in items)
+            capacity = max(self.row_tokens, longest)
+            per_batch = max(1, self.max_batch_tokens // capacity)
+            return 2 * (sum(w.tokens for w in items) + longest) / capacity + 1 > per_batch
+        return max(w.tokens for w in items) * len(items) >= self.max_batch_tokens
+
+    def _candidate(self, items: list[Waiting[T]], now: float, flush: bool, full_only: bool) -> list[int] | None:
+        """Indices (into `items`) of the batch this bucket would hand out now, or None."""
+        oldest = min(w.since for w in items)
+        aged = not full_only and (flush or oldest + self.max_wait_s <= now)
+        if not aged and not self._may_fill(items):
+            return None  # neither full nor old: keep waiting for company
+        batches = pack([w.tokens for w in items], self.max_batch_tokens, self.row_tokens)
+        if not aged:
+            batches = [b for b in batches if self._full([items[i] for i in b])]
+        if not batches:
+            return None
+        return min(batches, key=lambda b: _urgency([items[i] for i in b]))
+
+    def pop_batch(self, now: float, *, flush: bool = False, full_only: bool = False) -> list[T] | None:
+        """Remove and return the most urgent ready batch (its oldest sequence waited longest), or
+        None when no bucket is full or old enough. `flush`: every bucket counts as old (shutdown);
+        `full_only`: only a full batch, however old (the next batch queued behind a running one)."""
+        best: tuple[tuple[int, float], int, list[int]] | None = None
+        for key, items in self._buckets.items():
+            if not items:
+                continue
+            chosen = self._candidate(items, now, flush, full_only)
+            if chosen is None:
+                continue
+            urgency = _urgency([items[i] for i in chosen])
+            if best is None or urgency < best[0]:
+                best = (urgency, key, chosen)
+        if best is None:
+            return None
+        _, key, chosen = best
+        items = self._buckets[key]
+        taken = set(chosen)
+        batch = [items[i].value for i in chosen]
+        self._buckets[key] = [w for i, w in enumerate(items) if i not in taken]
+        if not self._buckets[key]:
+            del self._buckets[key]
+        return batch
+
+    def remove(self, keep: Callable[[T], bool]) -> list[T]:
+        """Drop every waiting value for which `keep` is False; returns the dropped values."""
+        dropped: list[T] = []
+        for key in list(self._buckets):
+            kept: list[Waiting[T]] = []
+            for w in self._buckets[key]:
+                if keep(w.value):
+                    kept.append(w)
+                else:
+                    dropped.append(w.value)
+            if kept:
+                self._buckets[key] = kept
+            else:
+                del self._buckets[key]
+        return dropped
+
+    def drain(self) -> list[T]:
+        """Remove and return everything waiting."""
+        out = [w.value for b in self._buckets.values() for w in b]
+        self._buckets.clear()
+        return out

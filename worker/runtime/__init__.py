@@ -1,0 +1,1 @@
+"""The worker's runtime: start-up, the device runner, the CPU processes, visibility leases."""
