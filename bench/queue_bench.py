@@ -966,7 +966,7 @@ def run_gpu(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         # The engine alone runs what the workers run: their row packing only where worker.engine.loop has it.
         engine_row_tokens = args.row_tokens or None
         if engine_row_tokens and not _worker_supports_row_tokens():
-            log.warning("worker.engine.loop.EngineSettings has no row_tokens: workers run one sequence per row, "
+            log.warning("worker.settings.EngineSettings has no row_tokens: workers run one sequence per row, "
                         "so the engine alone does too (row_tokens %d ignored)", args.row_tokens)
             engine_row_tokens = None
         if not args.skip_engine:

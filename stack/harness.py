@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.faults import Faults
-from worker.engine.loop import STATS_LOG_PREFIX
+from worker.engine.stats import STATS_LOG_PREFIX
 from worker.settings import to_env
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout (children get it first on PYTHONPATH)

@@ -30,7 +30,8 @@ from kombu import Queue
 from vela2.errors import ConfigError, Vela2Error
 from vela2.wire import keys
 from vela2.wire.urls import SentinelUrl, is_sentinel_url, parse_sentinel_url
-from worker.engine.loop import Delivery, Engine
+from worker.engine.loop import Engine
+from worker.engine.work import Delivery
 from worker.obs import logs
 from worker.runtime.checks import preflight
 from worker.runtime.startup import build_engine, exit_on_start_failure
@@ -153,16 +154,7 @@ def create_app(settings: WorkerSettings | None = None, *, pipeline_wrapper: Any 
         model_name = None
     queues = keys.queues(model_name) if model_name else []
     amqp = keys.is_amqp_url(broker_url)
-    if broker_url.startswith(("redis://", "rediss://")):
-        app.conf.broker_transport = "worker.transport.redis:RedisTransport"  # triaged items, writes retried
-        app.conf.broker_use_ssl = ssl_options(broker_url)
-    elif broker_sentinel:
-        app.conf.broker_transport = "worker.transport.redis:SentinelTransport"
-    if store_sentinel:
-        app.conf.result_backend_transport_options = {"master_name": store_sentinel.master_name,
-                                                      "sentinel_kwargs": store_sentinel.sentinel_kwargs()}
-    if amqp:  # every delivery triaged before Celery dispatches it, as the Redis channel does its items
-        app.conf.worker_consumer = "worker.transport.amqp:TriagingConsumer"
+    _use_our_transport(app, broker_url, broker_sentinel, store_sentinel)
     # RabbitMQ: durable quorum queues (Celery then sets a per-consumer prefetch, the only kind quorum
     # queues have); the online and the backfill queue are two consumers with a credit each, so each
     # gets half of max_buffered: what the engine holds stays within it, and a backfill backlog never
@@ -199,6 +191,22 @@ def create_app(settings: WorkerSettings | None = None, *, pipeline_wrapper: Any 
     app.task(name=keys.TASK_NAME, base=ScoreTask, bind=True)(_score)
     app.steps["worker"].add(EngineStep)
     return app
+
+
+def _use_our_transport(app: Celery, broker_url: str, broker_sentinel: SentinelUrl | None,
+                       store_sentinel: SentinelUrl | None) -> None:
+    """Celery's transport and consumer replaced by ours (worker.transport): queue items triaged,
+    writes retried; Sentinel masters where the URLs name sentinels."""
+    if broker_url.startswith(("redis://", "rediss://")):
+        app.conf.broker_transport = "worker.transport.redis:RedisTransport"  # triaged items, writes retried
+        app.conf.broker_use_ssl = ssl_options(broker_url)
+    elif broker_sentinel:
+        app.conf.broker_transport = "worker.transport.redis:SentinelTransport"
+    if store_sentinel:
+        app.conf.result_backend_transport_options = {"master_name": store_sentinel.master_name,
+                                                      "sentinel_kwargs": store_sentinel.sentinel_kwargs()}
+    if keys.is_amqp_url(broker_url):  # every delivery triaged before Celery dispatches it, as the Redis channel does
+        app.conf.worker_consumer = "worker.transport.amqp:TriagingConsumer"
 
 
 def _sentinel(url: str, what: str) -> SentinelUrl | None:

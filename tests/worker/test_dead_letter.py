@@ -27,7 +27,8 @@ from vela2.model.calibration import Calibration
 from vela2.wire.keys import UNACKED_KEY, attempts_key, dead_letter, online_queue
 from vela2.wire.messages import build_message
 from vela2.wire.results import ResultStore, read_results
-from worker.engine.loop import Delivery, Engine
+from worker.engine.loop import Engine
+from worker.engine.work import Delivery
 from worker.settings import EngineSettings
 
 MODEL = "vela2-demo"

@@ -21,7 +21,9 @@ from vela2.wire.jobs import JOB_FIELDS, parse_job, request_wire_id
 from vela2.wire.keys import attempts_key, cancel_key, job_key, result_key
 from vela2.wire.messages import build_message
 from vela2.wire.results import ResultStore, read_results, row_meta
-from worker.engine.loop import Delivery, Engine, EngineSettings
+from worker.engine.loop import Engine
+from worker.engine.work import Delivery
+from worker.settings import EngineSettings
 
 QUEUE = "vela2.fake"
 
@@ -324,7 +326,7 @@ def test_a_failing_store_delays_the_ack(redis):
 def test_with_wait_replicas_an_ack_waits_until_replicas_hold_the_results(redis):
     """settings.wait_replicas: results are stored, then a write of the worker's own and WAIT in one round
     trip; a short WAIT leaves the message unacked (tried again a second later), never lost or acked early."""
-    from worker.engine.loop import WAIT_REPLICAS_TIMEOUT_MS
+    from worker.engine.outbox import WAIT_REPLICAS_TIMEOUT_MS
 
     replicas, waits = {"n": 0}, []
     real_pipeline = redis.pipeline
@@ -519,7 +521,7 @@ class GatedPipeline(FakePipeline):
 def test_the_next_full_batch_waits_behind_the_running_one_and_no_partial_one_does(redis):
     """While a batch runs, the engine hands the device one more batch, only a full one (a partial
     one may still gain company), never more than MAX_IN_FLIGHT; all are answered once it runs."""
-    from worker.engine.loop import MAX_IN_FLIGHT
+    from worker.engine.scheduler import MAX_IN_FLIGHT
 
     pipe = GatedPipeline()
     # 18-token sequences, 256-token batches: 14 per full batch; 40 rows = 2 full batches + 12
@@ -528,13 +530,13 @@ def test_the_next_full_batch_waits_behind_the_running_one_and_no_partial_one_doe
         for i in range(40):
             engine.submit(broker.delivery([row(f"g{i}")]))
         deadline = time.monotonic() + 10
-        while len(engine._in_flight) < MAX_IN_FLIGHT:
-            assert time.monotonic() < deadline, f"{len(engine._in_flight)} batches handed to the device"
+        while len(engine.scheduler.in_flight) < MAX_IN_FLIGHT:
+            assert time.monotonic() < deadline, f"{len(engine.scheduler.in_flight)} batches handed to the device"
             time.sleep(0.005)
         time.sleep(0.1)  # the 12 left are past max_wait: still not handed over behind a running batch
-        assert len(engine._in_flight) == MAX_IN_FLIGHT
+        assert len(engine.scheduler.in_flight) == MAX_IN_FLIGHT
         # the first went to an idle device with what had arrived; the one queued behind it is full
-        assert len(engine._in_flight[1]) == 14
+        assert len(engine.scheduler.in_flight[1]) == 14
         pipe.gate.set()
         broker.wait(40)
     finally:
@@ -562,7 +564,7 @@ def test_a_flood_of_requests_is_sent_to_render_a_slice_at_a_time(redis):
     """One turn's deliveries (three 200-row messages) go to the render processes in slices of at
     least INTAKE_SLICE requests, each message whole; an id repeated in a later slice follows the
     first one instead of rendering again."""
-    from worker.engine.loop import INTAKE_SLICE
+    from worker.engine.intake import INTAKE_SLICE
 
     cpu = RecordingCpu()
     settings = EngineSettings(max_batch_tokens=1024, max_wait_ms=5.0)
@@ -572,12 +574,12 @@ def test_a_flood_of_requests_is_sent_to_render_a_slice_at_a_time(redis):
     assert 200 < INTAKE_SLICE < 400
     chunks = [[row(f"m{m}-{i}") for i in range(200)] for m in range(3)]
     chunks[2][0] = row("m0-0")  # a duplicate of the first message's first row
-    engine._backlog.extend(broker.delivery(c, chunk=True) for c in chunks)
-    engine._intake()
+    engine.intake.backlog.extend(broker.delivery(c, chunk=True) for c in chunks)
+    engine.intake.run()
     assert cpu.flushed_at == [400, 599]  # after two whole messages, then the rest
     assert len(cpu.rendered) == len(set(cpu.rendered)) == 599
-    (follower,) = engine._followers["m0-0"]
-    assert list(engine._followers) == ["m0-0"] and follower is not engine._working["m0-0"].msg
+    (follower,) = engine.outbox.followers["m0-0"]
+    assert list(engine.outbox.followers) == ["m0-0"] and follower is not engine.outbox.working["m0-0"].msg
 
 
 def test_a_turn_takes_at_most_turn_events_and_leaves_the_rest_queued(redis):
@@ -633,7 +635,7 @@ class OrderLog:
 
 def test_a_batch_back_from_the_device_lets_the_next_launch_before_its_rows_go_to_decoding(redis):
     """The device must not idle while the engine ships a finished batch's outputs to decoding."""
-    from worker.engine.loop import MAX_IN_FLIGHT
+    from worker.engine.scheduler import MAX_IN_FLIGHT
     from worker.runtime.device import Ran
 
     fake = OrderLog()
@@ -645,10 +647,10 @@ def test_a_batch_back_from_the_device_lets_the_next_launch_before_its_rows_go_to
         engine.submit(broker.delivery([row(f"o{j}-{i}") for j in range(10)], chunk=True))
     engine._turn(0.0)  # opened and rendered
     engine._turn(0.0)  # the rendered rows into buckets
-    while engine._maybe_run_batch():
+    while engine.scheduler.maybe_run_batch(False):
         pass
     assert [k for k, _ in fake.log] == ["launch"] * MAX_IN_FLIGHT
-    first = engine._in_flight[0]
+    first = engine.scheduler.in_flight[0]
     fake.futures[0].set_result(Ran([("out", it.seq.row_id, it.seq.window) for it in first], 0.0, 0.1, 0.0))
     engine._turn(0.0)
     after = [k for k, _ in fake.log[MAX_IN_FLIGHT:]]
@@ -658,7 +660,7 @@ def test_a_batch_back_from_the_device_lets_the_next_launch_before_its_rows_go_to
 def test_a_turn_opens_at_most_turn_requests_and_the_rest_waits_for_the_next(redis):
     """Multi-row messages flooding in: a turn opens whole messages until TURN_REQUESTS requests,
     the other deliveries wait (unopened) for the next turn, so a batch can launch between."""
-    from worker.engine.loop import TURN_REQUESTS
+    from worker.engine.intake import TURN_REQUESTS
 
     cpu = RecordingCpu()
     engine = Engine(SimpleNamespace(name="fake", calibration=Calibration()), ResultStore(redis, ttl_s=600),
@@ -670,10 +672,10 @@ def test_a_turn_opens_at_most_turn_requests_and_the_rest_waits_for_the_next(redi
         engine.submit(broker.delivery([row(f"f{m}-{i}") for i in range(per)], chunk=True))
     engine._turn(0.0)
     first = -(-TURN_REQUESTS // per)  # whole messages up to the bound
-    assert len(cpu.rendered) == first * per and len(engine._backlog) == n_messages - first
+    assert len(cpu.rendered) == first * per and len(engine.intake.backlog) == n_messages - first
     assert engine._wait_s() == 0.0  # the next turn comes at once
     engine._turn(0.0)
-    assert len(cpu.rendered) == n_messages * per and not engine._backlog
+    assert len(cpu.rendered) == n_messages * per and not engine.intake.backlog
 
 
 def test_a_stop_gives_back_deliveries_never_opened(redis):
@@ -683,9 +685,9 @@ def test_a_stop_gives_back_deliveries_never_opened(redis):
     rejected: list[bool] = []
     d = broker.delivery([row("never-opened")])
     d.reject = rejected.append
-    engine._backlog.append(d)
+    engine.intake.backlog.append(d)
     engine._return_all()
-    assert rejected == [True] and not engine._backlog and engine.stats.messages_returned == 1
+    assert rejected == [True] and not engine.intake.backlog and engine.stats.messages_returned == 1
 
 
 def test_every_stored_answer_carries_its_requests_content_digest(redis):

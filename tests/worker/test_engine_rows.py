@@ -22,7 +22,9 @@ from vela2.text.packing import plan_rows
 from vela2.wire.messages import build_message
 from vela2.wire.results import ResultStore, read_results
 from worker.engine.batching import Buckets
-from worker.engine.loop import Delivery, Engine, EngineSettings
+from worker.engine.loop import Engine
+from worker.engine.work import Delivery
+from worker.settings import EngineSettings
 
 QUEUE = "vela2.fake"
 ROW_TOKENS = 64

@@ -26,6 +26,7 @@ from vela2.wire import fleet, keys, taking
 from vela2.wire.connections import redis_client
 from vela2.wire.urls import SENTINEL_PASSWORD_PARAM, mask_url, warn_if_password_in_argv
 from worker.settings import WorkerSettings, env_name
+from worker.transport import internals
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ def preflight(settings: WorkerSettings) -> None:
     (each reachable within redis_wait_s, and the password accepted); warns when a password sits in
     argv. Raises ConfigError / CheckpointError."""
     warn_if_password_in_argv(sys.argv[1:], log)
+    changed = internals.problems()
+    if changed:
+        raise ConfigError(f"the installed kombu / Celery changed an internal the worker relies on "
+                          f"(worker.transport.internals): {changed[0]}; install the versions of constraints.txt")
     settings.validate()
     settings.resolved_model_name()  # reads the checkpoint's config.json
     check_redis(settings.redis_url, settings.redis_wait_s, "result store", replicas=settings.engine.wait_replicas)
@@ -81,9 +86,6 @@ def check_redis(url: str, wait_s: float, role: str = "result store", replicas: i
     `replicas` (settings.wait_replicas): also wait, within the same `wait_s`, until that many replicas
     are connected to it, else fail: a worker that acks only once N replicas hold its results would
     otherwise score, store and never ack."""
-    import redis
-    from redis.sentinel import MasterNotFoundError
-
     client = redis_client(url, socket_connect_timeout=2, socket_timeout=5)
     deadline = time.monotonic() + wait_s
     where = f"Redis at {mask_url(url)} ({role})"
@@ -91,52 +93,60 @@ def check_redis(url: str, wait_s: float, role: str = "result store", replicas: i
     last_log = 0.0
     try:
         while True:
-            try:
-                client.ping()
-                try:
-                    version = str(client.info("server").get("redis_version", ""))
-                except redis.exceptions.ResponseError:  # a Redis-compatible server without INFO
-                    version = ""
-                problem = taking.version_problem(version)
-                if problem:
-                    raise ConfigError(f"{problem} (at {mask_url(url)}, {role})")
-                have = _online_replicas(client) if replicas else 0
-                if have >= replicas:
-                    return
-                if time.monotonic() >= deadline:
-                    raise ConfigError(f"{where} has {have} replicas connected, and wait_replicas is {replicas}: "
-                                      f"none of its results could be acked (waited {wait_s:g} s, redis_wait_s)")
-                if time.monotonic() - last_log >= 10:
-                    last_log = time.monotonic()
-                    log.warning("waiting for %d replicas of the %s Redis at %s (wait_replicas): %d connected",
-                                replicas, role, mask_url(url), have)
-            except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
-                    redis.exceptions.NoPermissionError) as e:
+            kind, detail = _look_at_redis(client, replicas, url, role)
+            if kind == "ready":
+                return
+            if kind == "refused":
                 auth_tries += 1
                 if auth_tries >= _AUTH_TRIES:
-                    raise ConfigError(f"{where} refuses the credentials: {e}") from None
-            except redis.exceptions.ResponseError as e:
-                if "NOAUTH" in str(e) or "WRONGPASS" in str(e):
-                    raise ConfigError(f"{where} refuses the credentials: {e}") from None
-                raise ConfigError(f"{where} answers PING with an error: {e}") from None
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                    redis.exceptions.BusyLoadingError) as e:
-                # sentinel://: no sentinel named the master, because they want a password (of their own)
-                if isinstance(e, MasterNotFoundError) and any(
-                        mark in str(e) for mark in ("AuthenticationError", "NOAUTH", "WRONGPASS")):
-                    auth_tries += 1
-                    if auth_tries >= _AUTH_TRIES:
-                        raise ConfigError(f"{where}: the sentinels refuse the credentials (a password of "
-                                          f"their own goes in the URL as &{SENTINEL_PASSWORD_PARAM}=PW)") from None
-                elif time.monotonic() >= deadline:
-                    raise ConfigError(f"{where} did not answer within {wait_s:g} s "
-                                      f"(redis_wait_s): {e}") from None
-                elif time.monotonic() - last_log >= 10:
-                    last_log = time.monotonic()
-                    log.warning("waiting for the %s Redis at %s: %s", role, mask_url(url), e)
+                    raise ConfigError(f"{where}{detail}")
+            elif time.monotonic() >= deadline:
+                raise ConfigError(f"{where} did not answer within {wait_s:g} s (redis_wait_s): {detail}"
+                                  if kind == "down" else f"{where} {detail} (waited {wait_s:g} s, redis_wait_s)")
+            elif time.monotonic() - last_log >= 10:
+                last_log = time.monotonic()
+                log.warning("waiting for the %s Redis at %s: %s", role, mask_url(url), detail)
             time.sleep(0.3)
     finally:
         client.close()
+
+
+def _look_at_redis(client: Any, replicas: int, url: str, role: str) -> tuple[str, str]:
+    """One look at a Redis: ("ready", ""), ("down" | "replicas", why to keep waiting) or ("refused",
+    why the credentials are refused). Raises ConfigError for what waiting cannot mend: too old, an
+    error answer."""
+    import redis
+    from redis.sentinel import MasterNotFoundError
+
+    try:
+        client.ping()
+        try:
+            version = str(client.info("server").get("redis_version", ""))
+        except redis.exceptions.ResponseError:  # a Redis-compatible server without INFO
+            version = ""
+        problem = taking.version_problem(version)
+        if problem:
+            raise ConfigError(f"{problem} (at {mask_url(url)}, {role})")
+        have = _online_replicas(client) if replicas else 0
+        if have < replicas:
+            return "replicas", (f"has {have} replicas connected, and wait_replicas is {replicas}: none of its "
+                                "results could be acked")
+        return "ready", ""
+    except (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
+            redis.exceptions.NoPermissionError) as e:
+        return "refused", f" refuses the credentials: {e}"
+    except redis.exceptions.ResponseError as e:
+        refused = "NOAUTH" in str(e) or "WRONGPASS" in str(e)
+        what = "refuses the credentials" if refused else "answers PING with an error"
+        raise ConfigError(f"Redis at {mask_url(url)} ({role}) {what}: {e}") from None
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+            redis.exceptions.BusyLoadingError) as e:
+        # sentinel://: no sentinel named the master, because they want a password (of their own)
+        if isinstance(e, MasterNotFoundError) and any(
+                mark in str(e) for mark in ("AuthenticationError", "NOAUTH", "WRONGPASS")):
+            return "refused", (": the sentinels refuse the credentials (a password of their own goes in the URL "
+                               f"as &{SENTINEL_PASSWORD_PARAM}=PW)")
+        return "down", str(e)
 
 
 def _online_replicas(client: Any) -> int:
