@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 VELA2 := $(VENV)/bin/vela2
 DEMO_CKPT ?= .cache/vela2-demo
 
-.PHONY: install demo test lint bench-queue reliability soak clean
+.PHONY: install demo test test-fast lint bench-queue reliability soak clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -26,8 +26,15 @@ lint: install
 	$(VENV)/bin/ruff check vela2 worker producer stack bench tests
 	$(VENV)/bin/mypy
 
+# The whole suite over TEST_WORKERS processes (pytest-xdist); the demo model is trained once per
+# version of vela2/ and kept in .cache/test-demo (tests/conftest.py).
+TEST_WORKERS ?= 4
 test: lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
+
+# The fast lane: the unit tests (no process started; tests/unit), no lint.
+test-fast: install
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 tests/unit
 
 # The fault suite against real processes (writes bench/results/reliability.json; exit 1 on a lost request).
 # RELIABILITY_ARGS adds options, e.g. the repeat run under load:

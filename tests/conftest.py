@@ -1,116 +1,76 @@
-"""Fixtures shared by every test package: real redis-server processes on free loopback ports (the
-process harness, stack.harness), and the demo checkpoint (written once per session) with its model.
+"""Fixtures of every test: the demo checkpoint and its model.
 
-`redis_server_factory()` starts a fresh `redis-server` (no persistence) in a temporary directory;
-every server is stopped at the end of the session. `redis_server` is the one shared server and
-`redis_url` hands it to a test, FLUSHALL before and after. Without a redis-server binary the
-integration tests fail when CI is set (CI must run them) and are skipped elsewhere.
+The demo is trained (about two minutes on one core) once per version of the code that makes it
+(`vela2/`, and torch / transformers / tokenizers) and kept in `.cache/test-demo/<digest>/`: later
+runs and every xdist worker copy it instead of training again, and a change to `vela2/` trains a new
+one, so the demo's tests always measure the model the code under test makes.
+
+Process fixtures (redis-server, workers, the HTTP route) live in tests/integration/conftest.py; a
+unit test starts no process (tests/unit/conftest.py holds it to that).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
+import shutil
 import sys
-from collections.abc import Callable, Iterator
+from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
-# The test folders tests/vela2, tests/worker and tests/producer carry no __init__.py, so with pytest's
-# default import mode they would shadow the real packages as namespace packages whenever the repo
-# root is not on sys.path (plain `pytest` with an editable install). Put the root first and import
-# the real packages before any test module is collected.
+import pytest
+from filelock import FileLock
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
+if str(ROOT) not in sys.path:  # the repo root first: the checkout under test, not an installed copy
     sys.path.insert(0, str(ROOT))
-import pytest  # noqa: E402
 
-import producer  # noqa: E402,F401
-import vela2  # noqa: E402,F401
-import worker  # noqa: E402,F401
-from stack.harness import RabbitVhost, RedisServer, find_redis_server  # noqa: E402
-from tests.sentinel_cluster import SentinelCluster  # noqa: E402
+import vela2  # noqa: E402
 
-# A test that uses one of these fixtures starts a process (redis-server, a worker, an HTTP server):
-# it is marked `integration`, so `pytest -m "not integration"` is the fast loop.
-PROCESS_FIXTURES = {"redis_server", "redis_url", "redis_server_factory", "start_worker", "real_worker",
-                    "http_server", "fake_worker", "amqp_url", "sentinel_cluster_factory"}
+DEMO_CACHE = ROOT / ".cache" / "test-demo"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.integration)
+def demo_digest() -> str:
+    """The identity of the code that makes the demo: every file of vela2/, the versions of the
+    libraries it trains with, the machine's architecture."""
+    h = hashlib.sha256()
+    for path in sorted((ROOT / "vela2").rglob("*.py")):
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for dist in ("torch", "transformers", "tokenizers"):
+        h.update(f"{dist}=={version(dist)}\0".encode())
+    h.update(platform.machine().encode())
+    return h.hexdigest()[:16]
 
 
-def _need_redis_server() -> None:
-    if find_redis_server() is None:
-        msg = "redis-server is not installed (apt-get install redis-server); integration tests need it"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
-@pytest.fixture(scope="session")
-def redis_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RedisServer]]:
-    """A factory of fresh redis-server processes (stack.harness.RedisServer, keyword arguments as
-    there), stopped at the end of the session."""
-    started: list[RedisServer] = []
-
-    def start(**kw: object) -> RedisServer:
-        _need_redis_server()
-        server = RedisServer(tmp_path_factory.mktemp("redis"), **kw).start()  # type: ignore[arg-type]
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-@pytest.fixture
-def sentinel_cluster_factory(tmp_path: Path) -> Iterator[Callable[..., SentinelCluster]]:
-    """A factory of Redis Sentinel deployments (tests/sentinel_cluster.py: a master, a replica and
-    `sentinels=` sentinels on free loopback ports, started and in sync), stopped after the test."""
-    started: list[SentinelCluster] = []
-
-    def start(**kw: Any) -> SentinelCluster:
-        _need_redis_server()
-        cluster = SentinelCluster(tmp_path / f"sentinel-cluster{len(started)}", **kw)
-        started.append(cluster)
-        return cluster.start()
-
-    yield start
-    for cluster in started:
-        cluster.stop()
-
-
-@pytest.fixture(scope="session")
-def redis_server(redis_server_factory: Callable[[], RedisServer]) -> RedisServer:
-    """The session's shared redis-server."""
-    return redis_server_factory()
-
-
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> Iterator[str]:
-    """The shared redis-server's URL for one test, flushed before and after it."""
-    redis_server.flushall()
-    yield redis_server.url()
-    redis_server.flushall()
+def copy_of_cached_demo(dest: Path) -> Path:
+    """A copy at `dest` of the demo checkpoint of this code, trained now if no earlier run (or xdist
+    worker) did; copied under the lock, so that no other session removes it meanwhile."""
+    DEMO_CACHE.mkdir(parents=True, exist_ok=True)
+    digest = demo_digest()
+    done = DEMO_CACHE / digest / "ckpt"
+    with FileLock(str(DEMO_CACHE / "train.lock")):
+        if not (done / "config.json").exists():
+            for old in DEMO_CACHE.iterdir():  # demos of older code: never used again
+                if old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
+            partial = DEMO_CACHE / digest / "partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            vela2.init_demo(partial)
+            partial.rename(done)
+        return Path(shutil.copytree(done, dest))
 
 
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo checkpoint directory, written (trained: minutes) once per session by `vela2.init_demo`.
+    """The demo checkpoint directory: a copy of the cached demo of this code (tests may write in it).
 
-    VELA2_TEST_DEMO_DIR=DIR copies a checkpoint `vela2 init-demo` already wrote instead (the inner
-    loop; CI never sets it): it must come from the code under test, or the demo's tests measure an
-    older model."""
-    path = tmp_path_factory.mktemp("demo") / "ckpt"
+    VELA2_TEST_DEMO_DIR=DIR copies a checkpoint `vela2 init-demo` already wrote instead (an inner loop
+    while the demo's code changes in ways that cannot change the model; CI never sets it)."""
+    dest = tmp_path_factory.mktemp("demo") / "ckpt"
     if given := os.environ.get("VELA2_TEST_DEMO_DIR"):
-        import shutil
-
-        return Path(shutil.copytree(given, path))
-    return vela2.init_demo(path)
+        return Path(shutil.copytree(given, dest))
+    return copy_of_cached_demo(dest)
 
 
 @pytest.fixture(scope="session")
@@ -132,25 +92,3 @@ def demo_model(demo_dir: Path):
     import torch
 
     return vela2.load(demo_dir, dtype=torch.float32)
-
-
-@pytest.fixture(scope="session")
-def rabbitmq_vhost() -> Iterator[RabbitVhost]:
-    """A throwaway vhost on the RabbitMQ at 127.0.0.1:5672 (stack.harness.RabbitVhost), deleted at
-    the end of the session. Without a RabbitMQ answering there the AMQP tests fail when CI is set
-    (.ci/run starts one) and are skipped elsewhere."""
-    problem = RabbitVhost.unavailable()
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem)
-        pytest.skip(problem)
-    vhost = RabbitVhost.create()
-    yield vhost
-    vhost.delete()
-
-
-@pytest.fixture
-def amqp_url(rabbitmq_vhost: RabbitVhost) -> Iterator[str]:
-    """The session vhost's amqp:// URL for one test; the queues it leaves are deleted after it."""
-    yield rabbitmq_vhost.url
-    rabbitmq_vhost.delete_queues()

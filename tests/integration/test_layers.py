@@ -1,0 +1,43 @@
+"""The package layering, checked by import inspection.
+
+    vela2 (model library + vela2.wire)  <-  worker   (the GPU side)
+                                        <-  producer (the web / bulk side)
+    worker, producer                    <-  stack    (demo, parity, the process harness)
+
+The producer and the worker talk only through the wire package, so neither imports the other;
+the model library imports neither (nor stack), and the producer and the wire load without torch.
+Every import statement counts, also those inside functions.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _heavy_after(imports: str, heavy: tuple[str, ...]) -> None:
+    code = f"import sys\n{imports}\nfound = [m for m in {heavy!r} if m in sys.modules]\nassert not found, found\n"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.integration  # a python subprocess
+def test_the_producer_imports_without_torch_or_celery() -> None:
+    _heavy_after("import producer, producer.aio, producer.http.app, producer.backfill, producer.client, "
+                 "producer.testing, producer.testing.pytest_plugin",
+                 ("torch", "celery", "kombu", "transformers"))
+
+
+@pytest.mark.integration  # a python subprocess
+def test_the_clients_and_the_wire_import_without_numpy() -> None:
+    _heavy_after("import producer.client, producer.aio, vela2.wire.keys, vela2.wire.messages, vela2.wire.results",
+                 ("torch", "celery", "kombu", "transformers", "numpy"))
+
+
+@pytest.mark.integration  # a python subprocess
+def test_the_worker_settings_and_the_harness_import_without_celery_or_torch() -> None:
+    _heavy_after("import worker.settings, worker.cli, stack.harness", ("torch", "celery", "kombu", "transformers"))

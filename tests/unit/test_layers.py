@@ -1,0 +1,150 @@
+"""The package layering and the import graph, checked by import inspection.
+
+    vela2 (model library + vela2.wire)  <-  worker   (the GPU side)
+                                        <-  producer (the web / bulk side)
+    worker, producer                    <-  stack    (demo, parity, the process harness, faults)
+
+The producer and the worker talk only through the wire package, so neither imports the other;
+the model library imports neither (nor stack). Inside vela2, `api`, `text` and `wire` import no
+torch (the producer loads them), and `model` and `scoring` no Redis. No module imports itself back
+through others: no import cycle. Every import statement counts, also those inside functions and
+those made with importlib.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("vela2", "worker", "producer", "stack")
+
+# package -> top-level packages of this repo it must never import
+FORBIDDEN = {
+    "vela2": {"worker", "producer", "stack", "bench", "tests"},
+    "worker": {"producer", "stack", "bench", "tests"},
+    "producer": {"worker", "stack", "bench", "tests"},
+    "stack": {"bench", "tests"},
+}
+# sub-package -> third-party packages it must never import
+FORBIDDEN_LIBS = {
+    "vela2/api": {"torch", "transformers", "safetensors", "celery", "kombu"},
+    "vela2/text": {"torch", "transformers", "safetensors", "celery", "kombu"},
+    "vela2/wire": {"torch", "transformers", "safetensors", "celery"},
+    "vela2/model": {"redis", "celery", "kombu"},
+    "vela2/scoring": {"redis", "celery", "kombu"},
+}
+
+
+def imported_modules(path: Path, modules: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    """Every module an import statement in `path` names (absolute imports; relative ones are the
+    file's own package); `from p import m` names p.m too, in case m is a module, and only p.m
+    where every name it imports is one of `modules` (p itself then runs as their parent, not as
+    the one imported)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{alias.name}" for alias in node.names}
+            names.update(subs if subs <= modules else {node.module, *subs})
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in (
+            "import_module",
+            "__import__",
+        ):
+            names.update(a.value for a in node.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str))
+    return names
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PRODUCT) -> dict[str, set[str]]:
+    """module -> the modules of `packages` it imports (anywhere in it)."""
+    files = {module_name(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+    known = frozenset(files)
+    return {m: {i for i in imported_modules(p, known) if i in files and i != m} for m, p in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: its strongly connected components of more than one module
+    (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def violations(package: str) -> list[str]:
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for module in imported_modules(path):
+            if module.split(".")[0] in FORBIDDEN[package]:
+                found.append(f"{path.relative_to(ROOT)} imports {module}")
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
+    assert violations(package) == []
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN_LIBS))
+def test_a_sub_package_keeps_off_the_libraries_it_must_not_load(package: str) -> None:
+    found = [f"{path.relative_to(ROOT)} imports {module}" for path in sorted((ROOT / package).rglob("*.py"))
+             for module in sorted(imported_modules(path)) if module.split(".")[0] in FORBIDDEN_LIBS[package]]
+    assert found == []
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_checker_sees_imports_inside_functions(tmp_path: Path) -> None:
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from producer.client import Client\n    import importlib\n"
+                 "    importlib.import_module('worker.app')\n")
+    assert imported_modules(f) >= {"producer.client", "worker.app"}
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_function(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.c import x\n")
+    (pkg / "c.py").write_text("import pkg.a\nx = 1\n")
+    (pkg / "d.py").write_text("import pkg.a\n")
+    assert cycles(import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b", "pkg.c"]]
