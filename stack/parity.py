@@ -251,7 +251,8 @@ def systemone_section(model, precision: str) -> dict[str, Any]:
     """SystemOne answers vs the predict() results of the same rows: max |diff| and decision
     mismatches; and the route function refusing another model's name."""
     import vela2
-    from vela2.api.systemone import parse_request, system_one_request, to_row
+    from vela2.api.systemone import parse_request, to_row
+    from vela2.scoring.systemone import system_one_request
 
     max_diff, mismatches, n = 0.0, 0, 0
     for req in system_one_requests(model.name):

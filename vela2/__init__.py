@@ -16,7 +16,7 @@ _LAZY = {
     "save": ("vela2.model.checkpoint", "save"),
     "predict": ("vela2.scoring.predict", "predict"),
     "init_demo": ("vela2.train.demo_model", "init_demo"),
-    "system_one_request": ("vela2.api.systemone", "system_one_request"),
+    "system_one_request": ("vela2.scoring.systemone", "system_one_request"),
     "Vela2Model": ("vela2.model.modeling", "Vela2Model"),
 }
 

@@ -69,6 +69,7 @@ def read_jsonl(path: str) -> list[tuple[Any, Vela2Error | None]]:
 
 
 def cmd_init_demo(args: argparse.Namespace) -> int:
+    """`vela2 init-demo DIR`: train and write the demo checkpoint."""
     from vela2.train.demo_model import init_demo
 
     path = init_demo(args.dir)
@@ -77,8 +78,9 @@ def cmd_init_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    """`vela2 predict`: score a JSONL file of rows and SystemOne requests, one result line per input line."""
     from vela2.api.schemas import error_result
-    from vela2.api.systemone import predict_mixed
+    from vela2.scoring.systemone import predict_mixed
 
     precision = args.precision or default_precision(args.device)  # the worker's default: bf16 on CUDA, else fp32
     model = _load(args.checkpoint, args.device, precision)
@@ -98,6 +100,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    """`vela2 calibrate`: fit calibration.json from labelled rows (vela2.train.calibrate)."""
     from vela2.train.calibrate import calibrate_command
 
     return calibrate_command(args.checkpoint, args.dev, out=args.out, report_path=args.report,
@@ -105,6 +108,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """`vela2 eval`: per task metrics of a checkpoint on labelled rows (vela2.train.evaluate)."""
     from vela2.train.evaluate import eval_command
 
     return eval_command(args.checkpoint, args.rows, json_path=args.json, device=args.device,
@@ -113,6 +117,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """`vela2 train`: train a checkpoint on labelled rows (vela2.train.training)."""
     from vela2.train.training import TrainOptions, train_command
 
     given = {k: getattr(args, k) for k in ("epochs", "lr", "max_batch_tokens", "seed", "span_pos_weight",
@@ -124,51 +129,71 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    """`vela2 import`: make a checkpoint of a transformers directory (vela2.train.importing)."""
     from vela2.train.importing import import_command
 
     return import_command(args.hf_dir, args.out, name=args.name, window=args.window)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `vela2` parser: the model library's subcommands, then one stub per plugin (it parses its own
+    options, so the stub only lists it in `vela2 --help`)."""
     p = argparse.ArgumentParser(prog="vela2", description="Vela 2 streaming scorer")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_init_demo, _add_predict, _add_calibrate, _add_eval, _add_train, _add_import):
+        add(sub)
+    for name, ep in sorted(plugins().items()):
+        sub.add_parser(name, help=_first_line(ep), add_help=False)
+    return p
 
+
+def _add_precision(s: argparse.ArgumentParser, on_cuda: str = "bf16") -> None:
+    s.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help=f"default as the worker's: {on_cuda} on CUDA, fp32 elsewhere")
+
+
+def _add_init_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("init-demo", help="write the deterministic demo checkpoint")
     s.add_argument("dir")
     s.set_defaults(func=cmd_init_demo)
 
+
+def _add_predict(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("predict", help="score a JSONL file of rows / SystemOne requests, no queue")
     s.add_argument("--checkpoint", required=True)
     s.add_argument("input", help="JSONL file, '-' for stdin")
     s.add_argument("--out", help="output JSONL (default stdout)")
-    s.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="default as the worker's: bf16 on CUDA, fp32 elsewhere")
+    _add_precision(s)
     s.add_argument("--device", default="cpu")
     s.add_argument("--units", action="store_true", help="span answers carry every word's units")
     s.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS)
     s.set_defaults(func=cmd_predict)
 
+
+def _add_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("calibrate", help="fit calibration.json from labelled rows")
     s.add_argument("--checkpoint", required=True)
     s.add_argument("dev", help="labelled JSONL (rows with 'gold')")
     s.add_argument("--out", help="write calibration here instead of into the checkpoint")
     s.add_argument("--report", help="write the before/after report as JSON")
     s.add_argument("--device", default="cpu")
-    s.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="default as the worker's: bf16 on CUDA, fp32 elsewhere")
+    _add_precision(s)
     s.set_defaults(func=cmd_calibrate)
 
+
+def _add_eval(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("eval", help="per task accuracy / F1 / NLL / ECE of a checkpoint on labelled rows")
     s.add_argument("--checkpoint", required=True)
     s.add_argument("rows", help="labelled JSONL (rows with 'gold', as for calibrate)")
     s.add_argument("--json", help="write the report as JSON here")
     s.add_argument("--device", default="cpu")
-    s.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="default as the worker's: bf16 on CUDA, fp32 elsewhere")
+    _add_precision(s)
     s.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS)
     s.set_defaults(func=cmd_eval)
 
+
+def _add_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("train", help="train the heads (or all) of a checkpoint on labelled rows")
     s.add_argument("--checkpoint", required=True)
     s.add_argument("train", help="labelled JSONL (rows with 'gold', as for calibrate)")
@@ -185,8 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch-tokens", type=int, default=None,
                    help="padded tokens per step: longest sequence x sequences (default 4096)")
     s.add_argument("--device", default="cpu")
-    s.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="default as the worker's: bf16 (autocast) on CUDA, fp32 elsewhere")
+    _add_precision(s, on_cuda="bf16 (autocast)")
     s.add_argument("--seed", type=int, default=None, help="batch order and head initialisation (default 0)")
     s.add_argument("--save-every", type=int, default=0, help="write OUT/train-state.pt every N steps (0: never)")
     s.add_argument("--resume", action="store_true", help="continue from OUT/train-state.pt")
@@ -194,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight of positive word x label units in the span loss (default 5)")
     s.set_defaults(func=cmd_train, full=False)
 
+
+def _add_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("import", help="make a Vela 2 checkpoint of a local transformers decoder directory")
     s.add_argument("hf_dir", help="directory with config.json, *.safetensors and tokenizer.json")
     s.add_argument("out")
@@ -201,10 +227,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--window", type=int, default=None,
                    help="max_window_tokens (default: min(2048, the model's max_position_embeddings))")
     s.set_defaults(func=cmd_import)
-
-    for name, ep in sorted(plugins().items()):
-        sub.add_parser(name, help=_first_line(ep), add_help=False)
-    return p
 
 
 def plugins() -> dict[str, Any]:
@@ -222,6 +244,8 @@ def _first_line(ep: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `vela2` command: a plugin's subcommand runs its own `main(argv)`, the library's are parsed
+    here; a Vela2Error, a missing file or a missing extra is one line on stderr and exit status 2."""
     argv = sys.argv[1:] if argv is None else argv
     found = plugins()
     if argv and argv[0] in found:

@@ -57,11 +57,14 @@ class SpecialTokens:
     unk: str = "[UNK]"
 
     def all(self) -> list[str]:
+        """Every special token, in field order."""
         return list(asdict(self).values())
 
 
 @dataclass(frozen=True)
 class HeadsConfig:
+    """Widths of the option and span heads."""
+
     option_hidden: int  # width of the option head's hidden layer
     span_dim: int  # width of the bilinear word x label space of span head v2
 
@@ -88,17 +91,21 @@ class Vela2Config:
 
     @property
     def block_reserve_tokens(self) -> int:
+        """Tokens of a window kept for question blocks (the set value, else a window's eighth)."""
         return self.window_block_reserve_tokens or self.max_window_tokens // 8
 
     @property
     def hidden_size(self) -> int:
+        """Width of the backbone's hidden states."""
         return int(self.backbone.get("hidden_size") or self.backbone["n_embd"])
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as config.json holds it."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Vela2Config:
+        """The config of a config.json object; CheckpointError when it is not one of ours."""
         if d.get("model_type") != "vela2":
             raise CheckpointError(f"config.json model_type must be 'vela2'; got {d.get('model_type')!r}")
         for key in ("name", "backbone", "heads"):
@@ -116,10 +123,12 @@ class Vela2Config:
 
     @classmethod
     def read(cls, path: str | Path) -> Vela2Config:
+        """The config.json of checkpoint directory `path`; CheckpointError when absent."""
         p = Path(path) / "config.json"
         if not p.is_file():
             raise CheckpointError(f"{p} does not exist")
         return cls.from_dict(json.loads(p.read_text()))
 
     def write(self, path: str | Path) -> None:
+        """Write config.json into checkpoint directory `path`."""
         (Path(path) / "config.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")

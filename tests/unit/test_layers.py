@@ -6,7 +6,9 @@
 
 The producer and the worker talk only through the wire package, so neither imports the other;
 the model library imports neither (nor stack). Inside vela2, `api`, `text` and `wire` import no
-torch (the producer loads them), and `model` and `scoring` no Redis. No module imports itself back
+torch (the producer loads them), and `model` and `scoring` no Redis; `api` and `text` sit below the
+model: of `model`, `scoring` and `train` they import only the calibration (`vela2.model.calibration`,
+numpy only). No module imports itself back
 through others: no import cycle. Every import statement counts, also those inside functions and
 those made with importlib.
 """
@@ -36,6 +38,13 @@ FORBIDDEN_LIBS = {
     "vela2/model": {"redis", "celery", "kombu"},
     "vela2/scoring": {"redis", "celery", "kombu"},
 }
+# sub-package -> modules of vela2 it must never import (a module, or any module under it) ...
+FORBIDDEN_INTERNAL = {
+    "vela2/api": {"vela2.model", "vela2.scoring", "vela2.train"},
+    "vela2/text": {"vela2.model", "vela2.scoring", "vela2.train"},
+}
+# ... but these (and what is under them): the request API and the text layer read calibration.json
+ALLOWED_INTERNAL = {"vela2.model.calibration"}
 
 
 def imported_modules(path: Path, modules: set[str] | frozenset[str] = frozenset()) -> set[str]:
@@ -126,6 +135,36 @@ def test_a_sub_package_keeps_off_the_libraries_it_must_not_load(package: str) ->
     found = [f"{path.relative_to(ROOT)} imports {module}" for path in sorted((ROOT / package).rglob("*.py"))
              for module in sorted(imported_modules(path)) if module.split(".")[0] in FORBIDDEN_LIBS[package]]
     assert found == []
+
+
+def _under(module: str, prefixes: set[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def internal_violations(package: str, root: Path = ROOT) -> list[str]:
+    """What the files of `package` (a folder of vela2) import of the modules FORBIDDEN_INTERNAL keeps
+    it off, outside ALLOWED_INTERNAL."""
+    files = sorted((root / package).rglob("*.py"))
+    known = frozenset(module_name(p, root) for p in sorted((root / "vela2").rglob("*.py")))
+    return [f"{path.relative_to(root)} imports {module}" for path in files
+            for module in sorted(imported_modules(path, known))
+            if _under(module, FORBIDDEN_INTERNAL[package]) and not _under(module, ALLOWED_INTERNAL)]
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN_INTERNAL))
+def test_the_request_api_and_text_import_only_the_calibration_of_the_model(package: str) -> None:
+    assert internal_violations(package) == []
+
+
+def test_the_internal_rule_allows_the_calibration_only(tmp_path: Path) -> None:
+    (tmp_path / "vela2" / "api").mkdir(parents=True)
+    (tmp_path / "vela2" / "model").mkdir()
+    for name in ("__init__", "api/__init__", "model/__init__", "model/calibration"):
+        (tmp_path / "vela2" / f"{name}.py").write_text("")
+    (tmp_path / "vela2" / "api" / "a.py").write_text(
+        "from vela2.model import calibration\nfrom vela2.model.calibration import Calibration\n"
+        "def f():\n    import importlib\n    importlib.import_module('vela2.scoring.predict')\n")
+    assert internal_violations("vela2/api", tmp_path) == ["vela2/api/a.py imports vela2.scoring.predict"]
 
 
 def test_no_import_cycle() -> None:

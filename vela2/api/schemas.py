@@ -351,6 +351,7 @@ class RowResult(BaseModel):
     served_by: ModelInfo | None = None  # set on every answer the model made (status ok)
 
     def to_json_dict(self) -> dict[str, Any]:
+        """The result as the JSON object callers get (fields that are None left out)."""
         return self.model_dump(mode="json", exclude_none=True)
 
 

@@ -41,6 +41,7 @@ class PiiRules:
     sparse_gate: float = 0.0  # row max word x label probability below this -> no spans, gate fired
 
     def applies_to(self, task_name: str) -> bool:
+        """Whether the PII rules apply to a span task of this name (one of the `tasks` patterns matches)."""
         return any(fnmatch.fnmatchcase(task_name, pat) for pat in self.tasks)
 
 
@@ -74,13 +75,16 @@ class Calibration:
         return float(self.temperatures.get(task, self.temperatures.get(kind, 1.0)))
 
     def set_threshold(self, task: str) -> float:
+        """The probability threshold of set task `task` (the generic set default when none is fitted)."""
         return float(self.set_thresholds.get(task, GENERIC_SET_THRESHOLD))
 
     def span_threshold(self, task: str, label: str) -> float:
+        """The threshold of `label` in span task `task`: the label's, else the task's "*", else the default."""
         per = self.span_thresholds.get(task, {})
         return float(per.get(label, per.get("*", self.span_default_threshold)))
 
     def is_pii(self, task: str) -> bool:
+        """Whether `task` is a span task the PII rules apply to."""
         return task.startswith("span:") and self.pii.applies_to(task.split(":", 1)[1])
 
     def overlap(self, task: str) -> str:
@@ -88,14 +92,18 @@ class Calibration:
         return self.span_overlap.get(task, "flat" if self.is_pii(task) else "nested")
 
     def question_text(self, kind: str) -> str:
+        """The default question text of a SystemOne kind (a task given without `question`)."""
         return self.default_questions[kind]
 
     # --- I/O -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The calibration as calibration.json holds it."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        """The calibration of a calibration.json object; CheckpointError for unknown keys, bad
+        question texts or a temperature that is not > 0."""
         d = dict(d)
         pii = PiiRules(**d.pop("pii", {}))
         known = {f for f in cls.__dataclass_fields__}
@@ -115,6 +123,7 @@ class Calibration:
 
     @classmethod
     def read(cls, path: str | Path) -> Calibration:
+        """The calibration at `path` (a file, or a checkpoint directory); the defaults when there is none."""
         p = Path(path)
         p = p / "calibration.json" if p.is_dir() else p
         if not p.is_file():
@@ -122,6 +131,7 @@ class Calibration:
         return cls.from_dict(json.loads(p.read_text()))
 
     def write(self, path: str | Path) -> None:
+        """Write calibration.json at `path` (a file, or into a checkpoint directory)."""
         p = Path(path)
         p = p / "calibration.json" if p.is_dir() else p
         p.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
@@ -131,6 +141,7 @@ class Calibration:
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, shifted by the maximum (no overflow)."""
     z = x - x.max(axis=-1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=-1, keepdims=True)

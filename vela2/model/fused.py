@@ -198,6 +198,7 @@ class FusedLayer:
 
     @classmethod
     def build(cls, layer: Any) -> FusedLayer:
+        """The fused view of one decoder layer: its q / k / v and gate / up weights each in one matrix."""
         attn, mlp = layer.self_attn, layer.mlp
         projections = [attn.q_proj, attn.k_proj, attn.v_proj]
         return cls(attn, mlp, layer.input_layernorm, layer.post_attention_layernorm,

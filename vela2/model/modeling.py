@@ -34,7 +34,7 @@ class OptionHead(nn.Module):
         self.out = nn.Linear(width, 1)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        # h: (M, H) marker states -> (M,) logits
+        """(M, H) marker states -> (M,) logits."""
         return self.out(nn.functional.gelu(self.dense(h))).squeeze(-1)
 
 
@@ -49,7 +49,7 @@ class SpanHead(nn.Module):
         self.scale = 1.0 / math.sqrt(dim)
 
     def forward(self, words: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # words: (W, H) first-token states, labels: (K, H) [LBL] states -> (W, K) logits
+        """(W, H) first-token states of words, (K, H) [LBL] states -> (W, K) logits."""
         return (self.word(words) @ self.label(labels).T) * self.scale + self.bias
 
 
@@ -87,14 +87,17 @@ class Vela2Model(nn.Module):
 
     @property
     def name(self) -> str:
+        """The model's name (requests name it)."""
         return self.config.name
 
     @property
     def device(self) -> torch.device:
+        """The device the model's weights are on."""
         return self.option_head.out.weight.device
 
     @property
     def backbone_dtype(self) -> torch.dtype:
+        """The dtype the backbone's weights are held in."""
         return next(self.backbone.parameters()).dtype
 
     @property
@@ -131,6 +134,7 @@ class Vela2Model(nn.Module):
         return model
 
     def check_precision(self, precision: str) -> None:
+        """PrecisionError unless `precision` is known and the backbone's dtype can run it."""
         if precision not in PRECISIONS:
             raise PrecisionError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
         if precision == "fp32" and self.backbone_dtype != torch.float32:

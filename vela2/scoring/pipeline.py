@@ -36,10 +36,12 @@ class Prepared:
 
     @property
     def sequences(self) -> list[Sequence]:
+        """The row's sequences (one per window), as rendered."""
         return self.rendered.sequences
 
     @property
     def task(self) -> str:
+        """The row's task key."""
         return self.row.task
 
 
@@ -150,9 +152,11 @@ class Launched:
     pinned: Any = None  # the staging buffer `host` lives in (vela2.model.staging), given back by outputs()
 
     def done(self) -> bool:
+        """Whether the batch's outputs are on the host (never blocks)."""
         return self.event is None or self.event.query()
 
     def outputs(self) -> list[SeqOutput]:
+        """Wait for the batch, then its outputs per sequence (copied out of the staging buffer)."""
         if self.event is not None:
             self.event.synchronize()  # waits with the GIL released
         flat = self.host

@@ -140,21 +140,26 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens of the sequence (context and every block)."""
         return len(self.input_ids)
 
     @property
     def num_words(self) -> int:
+        """Words of the text this window holds."""
         return len(self.word_positions)
 
 
 @dataclass
 class RenderedRow:
+    """A rendered row: the character offsets of its words and its sequences (one per window)."""
+
     row: Row
     offsets: np.ndarray  # (W, 2) int64 char offsets of every word of the text
     sequences: list[Sequence] = field(default_factory=list)
 
     @property
     def num_words(self) -> int:
+        """Words of the row's whole text."""
         return int(self.offsets.shape[0])
 
 
@@ -235,6 +240,8 @@ class Renderer:
         return toks, markers
 
     def render(self, row: Row) -> RenderedRow:
+        """The sequences of `row`: its text split into words and windows, every question block in each
+        window. LimitExceeded for a text, a block or a request over its limit."""
         offsets = split_words(row.text)
         n_words = offsets.shape[0]
         if n_words > LIMITS.max_text_words:

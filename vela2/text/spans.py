@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -165,6 +166,44 @@ def _find_runs(probs: np.ndarray, thr: np.ndarray, seg: np.ndarray) -> tuple[np.
     return start_l, first, last, score
 
 
+class _Runs(NamedTuple):
+    """Candidate spans, one entry per run (each field (R,)): label index, first and last word
+    (inclusive), mean word probability, character start and end (exclusive)."""
+
+    lab: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    score: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    def take(self, keep: np.ndarray) -> _Runs:
+        """The runs where `keep` (R,) bool is True."""
+        return _Runs(*(a[keep] for a in self))
+
+
+def _length_rule(runs: _Runs, labels: list[str], rules: SpanRules) -> _Runs:
+    """Drop the runs shorter than their label's min_chars / min_words (rule 3, PII)."""
+    # vectorised per-run minimums, 0 where the label has none
+    min_c = np.array([rules.min_chars.get(x, 0) for x in labels], dtype=np.int64)
+    min_w = np.array([rules.min_words.get(x, 0) for x in labels], dtype=np.int64)
+    return runs.take(((runs.end - runs.start) >= min_c[runs.lab]) & ((runs.last - runs.first + 1) >= min_w[runs.lab]))
+
+
+def _flat(runs: _Runs, n_words: int) -> _Runs:
+    """Greedily by score, the runs that share no word with a run kept before them (rule 4, flat)."""
+    # np.lexsort sorts by the last key first: score desc, length desc, start asc, label asc.
+    # Scores are compared at 1e-9 so that equal means summed in another order still tie.
+    order = np.lexsort((runs.lab, runs.start, -(runs.end - runs.start), -np.round(runs.score, 9)))
+    taken = bytearray(n_words)  # 1 = word already inside a kept span
+    keep = np.zeros(runs.lab.size, dtype=bool)
+    for i, w0, w1 in zip(order.tolist(), runs.first[order].tolist(), runs.last[order].tolist(), strict=True):
+        if taken.find(1, w0, w1 + 1) == -1:  # shares no word with a kept span
+            taken[w0 : w1 + 1] = b"\x01" * (w1 + 1 - w0)
+            keep[i] = True
+    return runs.take(keep)
+
+
 def decode_spans(
     text: str,
     offsets: np.ndarray,
@@ -192,36 +231,20 @@ def decode_spans(
 
     thr = np.array([rules.thresholds.get(lab, GENERIC_SPAN_THRESHOLD) for lab in labels], dtype=np.float64)
     lab, first, last, score = _find_runs(probs, thr, seg)
-    start = offsets[first, 0]
-    end = offsets[last, 1]
-
-    # Length rule (PII): vectorised per-run minimums, 0 where the label has none.
+    runs = _Runs(lab, first, last, score, offsets[first, 0], offsets[last, 1])
     if rules.min_chars or rules.min_words:
-        min_c = np.array([rules.min_chars.get(x, 0) for x in labels], dtype=np.int64)
-        min_w = np.array([rules.min_words.get(x, 0) for x in labels], dtype=np.int64)
-        keep = ((end - start) >= min_c[lab]) & ((last - first + 1) >= min_w[lab])
-        lab, first, last, score, start, end = (a[keep] for a in (lab, first, last, score, start, end))
+        runs = _length_rule(runs, labels, rules)
+    if rules.overlap == "flat" and runs.lab.size > 1:
+        runs = _flat(runs, n_words)
 
-    if rules.overlap == "flat" and lab.size > 1:
-        # np.lexsort sorts by the last key first: score desc, length desc, start asc, label asc.
-        # Scores are compared at 1e-9 so that equal means summed in another order still tie.
-        order = np.lexsort((lab, start, -(end - start), -np.round(score, 9)))
-        taken = bytearray(n_words)  # 1 = word already inside a kept span
-        keep = np.zeros(lab.size, dtype=bool)
-        for i, w0, w1 in zip(order.tolist(), first[order].tolist(), last[order].tolist(), strict=True):
-            if taken.find(1, w0, w1 + 1) == -1:  # shares no word with a kept span
-                taken[w0 : w1 + 1] = b"\x01" * (w1 + 1 - w0)
-                keep[i] = True
-        lab, first, last, score, start, end = (a[keep] for a in (lab, first, last, score, start, end))
-
-    order = np.lexsort((lab, -end, start))
+    order = np.lexsort((runs.lab, -runs.end, runs.start))
     spans = [
         SpanOut(label=labels[j], start=s, end=e, text=text[s:e], score=sc)
         for j, s, e, sc in zip(
-            lab[order].tolist(),
-            start[order].tolist(),
-            end[order].tolist(),
-            score[order].tolist(),
+            runs.lab[order].tolist(),
+            runs.start[order].tolist(),
+            runs.end[order].tolist(),
+            runs.score[order].tolist(),
             strict=True,
         )
     ]

@@ -1,6 +1,6 @@
 """`vela2 eval`: score labelled rows with a checkpoint as it stands and report per task metrics.
 
-The metrics are `vela2.train.calibrate.evaluate`'s, on the data `vela2.train.calibrate.gather` collects (the same
+The metrics are `vela2.train.metrics.evaluate`'s, on the data `vela2.train.calibrate.gather` collects (the same
 definitions `vela2 calibrate` prints): choice / score accuracy, NLL and ECE over the real options;
 set and span NLL / ECE per unit and F1 at the checkpoint's own thresholds (span: word-level, per
 label and pooled over the task's labels). Nothing is fitted: this is the number a trained model is
@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from vela2.config import DEFAULT_MAX_BATCH_TOKENS
-from vela2.train.calibrate import evaluate, gather, read_jsonl
+from vela2.train.calibrate import gather
+from vela2.train.labelled import read_jsonl
+from vela2.train.metrics import evaluate
 
 
 def eval_report(
@@ -24,7 +26,7 @@ def eval_report(
     """Metrics of `model` (with its own calibration) on labelled rows.
 
     Returns {"model", "n_rows", "n_used", "skipped": [{"id", "reason"}], "tasks": {task: {"type",
-    "n", "units"?, metrics of `vela2.train.calibrate.evaluate`}}}.
+    "n", "units"?, metrics of `vela2.train.metrics.evaluate`}}}.
     """
     data, skipped = gather(model, rows, precision=precision, max_batch_tokens=max_batch_tokens)
     metrics = evaluate(data, model.calibration)
@@ -32,7 +34,7 @@ def eval_report(
     for task, td in sorted(data.items()):
         entry: dict[str, Any] = {"type": td.kind, "n": td.n_questions}
         if td.units:
-            entry["units"] = int(sum(u.arrays()[0].size for u in td.units.values()))
+            entry["units"] = td.n_units()
         entry.update(metrics[task])
         tasks[task] = entry
     return {"model": model.name, "n_rows": len(rows), "n_used": len(rows) - len(skipped) if data else 0,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -135,8 +136,44 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
         raise CheckpointError(f"{out} is not empty; import writes a new checkpoint directory")
     name = default_name(hf_dir) if name is None else name
     check_name(name)
-    specials = SpecialTokens()
     old_vocab = int(hf_cfg["vocab_size"])
+    new_vocab, new_ids = _add_special_tokens(tok, old_vocab)
+    config = _vela2_config(hf_cfg, name, new_vocab, window)
+    with torch.device("meta"):  # names, shapes and release dtypes only: no memory
+        shape_model = Vela2Model(config, tok, Calibration(), build_backbone(config))
+    expected = {n: tuple(t.shape) for n, t in shape_model.state_dict().items()}
+    bf16 = _bf16_weight_names(shape_model)
+    del shape_model
+    torch.manual_seed(seed)
+    heads = _initial_heads(config)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        writer = _ShardWriter(out, shard_max_bytes)
+        embedding = _Embedding(old_vocab, new_vocab, new_ids)
+        _convert_weights(hf_dir, hf_cfg["model_type"], writer, expected, bf16, embedding)
+        for n, t in heads.items():
+            writer.add(n, t)
+        missing = sorted(set(expected) - writer.names)
+        if missing:
+            raise CheckpointError(f"the weights lack {len(missing)} tensors of the backbone, e.g. {missing[:3]}")
+        writer.close()
+        config.write(out)
+        tok.save(str(out / "tokenizer.json"))
+        Calibration().write(out)
+        make_readable(out)
+    except BaseException:
+        _remove_partial(out, created)  # a failed import leaves no half checkpoint that blocks the retry
+        raise
+    log.info("imported %s (%s, %d tensors) to %s", hf_dir, hf_cfg["model_type"], len(writer.names), out)
+    return out
+
+
+def _add_special_tokens(tok: Tokenizer, old_vocab: int) -> tuple[int, list[int]]:
+    """Add the special tokens of `SpecialTokens` to `tok` (truncation and padding turned off); returns
+    the new vocabulary size and the ids of the embedding rows that get the mean embedding.
+    CheckpointError when `tok` has ids past the model's `old_vocab` embedding rows besides them."""
+    specials = SpecialTokens()
     n_tokens = len(tok.get_vocab(with_added_tokens=True))
     beyond = _ids_past_embedding(tok, old_vocab, set(specials.all()))
     if beyond:
@@ -154,6 +191,13 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
     # there, checked above) and the tokens the import added that landed on unused rows of an embedding
     # padded beyond the tokenizer
     new_ids = sorted({ids[t] for t in specials.all() if t not in before} | set(range(old_vocab, new_vocab)))
+    return new_vocab, new_ids
+
+
+def _vela2_config(hf_cfg: dict, name: str, new_vocab: int, window: int | None) -> Vela2Config:
+    """The checkpoint's config: the transformers config as the backbone's (file-only keys dropped,
+    the vocabulary grown to `new_vocab`), heads sized to the hidden size, the window checked (None:
+    min(2048, max_position_embeddings))."""
     backbone = {k: v for k, v in hf_cfg.items() if k not in _DROPPED_KEYS}
     backbone["vocab_size"] = new_vocab
     hidden = int(backbone["hidden_size"])
@@ -166,62 +210,57 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
                                   "smallest window, 64 tokens")
     elif not 64 <= window <= max_pos:
         raise CheckpointError(f"--window must be in [64, max_position_embeddings = {max_pos}]; got {window}")
-    config = Vela2Config(name=name, backbone=backbone,
-                         heads=HeadsConfig(option_hidden=hidden, span_dim=min(hidden, SPAN_DIM_MAX)),
-                         max_window_tokens=window, window_overlap_words=min(64, window // 16))
-    with torch.device("meta"):  # names, shapes and release dtypes only: no memory
-        shape_model = Vela2Model(config, tok, Calibration(), build_backbone(config))
-    expected = {n: tuple(t.shape) for n, t in shape_model.state_dict().items()}
-    bf16 = _bf16_weight_names(shape_model)
-    torch.manual_seed(seed)
-    heads = {f"{prefix}.{n}": p.detach().float()
-             for prefix, mod in (("option_head", OptionHead(hidden, config.heads.option_hidden)),
-                                 ("span_head", SpanHead(hidden, config.heads.span_dim)))
-             for n, p in mod.named_parameters()}
-    del shape_model
+    return Vela2Config(name=name, backbone=backbone,
+                       heads=HeadsConfig(option_hidden=hidden, span_dim=min(hidden, SPAN_DIM_MAX)),
+                       max_window_tokens=window, window_overlap_words=min(64, window // 16))
 
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+
+def _initial_heads(config: Vela2Config) -> dict[str, torch.Tensor]:
+    """Freshly initialised option and span heads (torch's seeded RNG), fp32, by checkpoint name."""
+    hidden = config.hidden_size
+    return {f"{prefix}.{n}": p.detach().float()
+            for prefix, mod in (("option_head", OptionHead(hidden, config.heads.option_hidden)),
+                                ("span_head", SpanHead(hidden, config.heads.span_dim)))
+            for n, p in mod.named_parameters()}
+
+
+@dataclass(frozen=True)
+class _Embedding:
+    """How the stored (old_vocab, H) embedding grows to (new_vocab, H): `new_ids` get the mean row."""
+
+    old_vocab: int
+    new_vocab: int
+    new_ids: list[int]
+
+
+def _convert_weights(hf_dir: Path, model_type: str, writer: _ShardWriter, expected: dict[str, tuple[int, ...]],
+                     bf16: set[str], embedding: _Embedding) -> None:
+    """Stream the backbone's tensors of `hf_dir` into `writer`, one at a time: renamed, checked against
+    the `expected` shapes, cast by the release rule (`bf16` names bf16, the rest fp32), the
+    embedding resized. The causal LM head is dropped."""
     try:
-        writer = _ShardWriter(out, shard_max_bytes)
+        files = weight_files(hf_dir, " (only safetensors weights are imported)")
+    except (ValueError, KeyError, TypeError, OSError, SafetensorError) as e:
+        raise CheckpointError(f"the weights of {hf_dir} are not readable: {_why(e, hf_dir / WEIGHTS)}") from None
+    for name_in, path in sorted(files.items(), key=lambda kv: (str(kv[1]), kv[0])):
+        target = _target_name(name_in)
+        if target is None:
+            continue
+        if target not in expected:
+            raise CheckpointError(f"tensor {name_in!r} has no place in a {model_type} backbone of this config")
+        dtype = torch.bfloat16 if target in bf16 else torch.float32
         try:
-            files = weight_files(hf_dir, " (only safetensors weights are imported)")
-        except (ValueError, KeyError, TypeError, OSError, SafetensorError) as e:
-            raise CheckpointError(f"the weights of {hf_dir} are not readable: {_why(e, hf_dir / WEIGHTS)}") from None
-        for name_in, path in sorted(files.items(), key=lambda kv: (str(kv[1]), kv[0])):
-            target = _target_name(name_in)
-            if target is None:
-                continue
-            if target not in expected:
-                raise CheckpointError(f"tensor {name_in!r} has no place in a {hf_cfg['model_type']} backbone "
-                                      "of this config")
-            dtype = torch.bfloat16 if target in bf16 else torch.float32
-            try:
-                with safe_open(str(path), framework="pt", device="cpu") as sf:  # reopened per tensor: no mapping held
-                    if target.endswith("embed_tokens.weight"):
-                        t = _resized_embedding(sf.get_slice(name_in), old_vocab, new_vocab, new_ids)
-                    else:
-                        t = sf.get_tensor(name_in).to(dtype)
-            except (OSError, SafetensorError) as e:
-                raise CheckpointError(f"{path}: tensor {name_in!r} is not readable: {_why(e, path)}") from None
-            if tuple(t.shape) != expected[target]:
-                raise CheckpointError(f"{name_in}: shape {tuple(t.shape)}; the config expects {expected[target]}")
-            writer.add(target, t.contiguous())
-        for n, t in heads.items():
-            writer.add(n, t)
-        missing = sorted(set(expected) - writer.names)
-        if missing:
-            raise CheckpointError(f"the weights lack {len(missing)} tensors of the backbone, e.g. {missing[:3]}")
-        writer.close()
-        config.write(out)
-        tok.save(str(out / "tokenizer.json"))
-        Calibration().write(out)
-        make_readable(out)
-    except BaseException:
-        _remove_partial(out, created)  # a failed import leaves no half checkpoint that blocks the retry
-        raise
-    log.info("imported %s (%s, %d tensors) to %s", hf_dir, hf_cfg["model_type"], len(writer.names), out)
-    return out
+            with safe_open(str(path), framework="pt", device="cpu") as sf:  # reopened per tensor: no mapping held
+                if target.endswith("embed_tokens.weight"):
+                    t = _resized_embedding(sf.get_slice(name_in), embedding.old_vocab, embedding.new_vocab,
+                                           embedding.new_ids)
+                else:
+                    t = sf.get_tensor(name_in).to(dtype)
+        except (OSError, SafetensorError) as e:
+            raise CheckpointError(f"{path}: tensor {name_in!r} is not readable: {_why(e, path)}") from None
+        if tuple(t.shape) != expected[target]:
+            raise CheckpointError(f"{name_in}: shape {tuple(t.shape)}; the config expects {expected[target]}")
+        writer.add(target, t.contiguous())
 
 
 def _remove_partial(out: Path, created: bool) -> None:

@@ -4,7 +4,7 @@ Training runs the serving path's own steps: `pipeline.prepare` renders each row 
 blocks), `pipeline.collate` lays sequences out, `Vela2Model.encode` runs the tree-masked forward,
 `Vela2Model.heads` and `pipeline.span_logits` give the logits: the same functions
 `pipeline.launch_batch` calls, here with gradients. Rows carry `gold` in `vela2 calibrate`'s format
-(`vela2.train.calibrate.check_gold`); a bundled row trains every labelled block.
+(`vela2.train.labelled.check_gold`); a bundled row trains every labelled block.
 
 Losses, summed over the labelled questions of a batch and divided by their count:
 - choice / score: softmax cross-entropy over the REAL options ([ABS] is left out, as in calibration);
@@ -40,7 +40,8 @@ from vela2.errors import Vela2Error
 from vela2.model.modeling import Vela2Model
 from vela2.scoring.pipeline import Prepared, collate, prepare, span_logits
 from vela2.text.rendering import Sequence
-from vela2.train.calibrate import _word_targets, _words_in_fields, check_gold, question_golds
+from vela2.train.calibrate import _word_targets, _words_in_fields
+from vela2.train.labelled import check_gold, question_golds
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Example:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens of the example's longest sequence (what it costs a padded batch)."""
         return max(s.num_tokens for s in self.prep.sequences)
 
 
@@ -64,7 +66,7 @@ def labelled_examples(model: Vela2Model, rows: list[Any]) -> tuple[list[Example]
     """Validate, check and render labelled rows; returns (examples, skipped [{"id", "reason"}]).
 
     A row is skipped (never used) when it is not a valid row, its gold does not fit its questions
-    (`vela2.train.calibrate.check_gold`), or it cannot be rendered (a limit exceeded).
+    (`vela2.train.labelled.check_gold`), or it cannot be rendered (a limit exceeded).
     """
     examples: list[Example] = []
     skipped: list[dict[str, Any]] = []
@@ -220,8 +222,6 @@ def train(model: Vela2Model, examples: list[Example], options: TrainOptions, *,
     The batch order is a function of `options.seed` and the epoch, so a run resumed from
     `state_path` (written every `save_every` steps) takes the same steps as an uninterrupted one.
     """
-    from tqdm import tqdm
-
     if not examples:
         raise ValueError("no usable labelled rows to train on")
     torch.manual_seed(options.seed)
@@ -232,17 +232,9 @@ def train(model: Vela2Model, examples: list[Example], options: TrainOptions, *,
     total_steps = sum(len(p) for p in plans)
     step = 0
     if resume:
-        if state_path is None or not state_path.is_file():
-            raise FileNotFoundError(f"--resume: no training state at {state_path}")
-        state = torch.load(state_path, map_location=model.device, weights_only=True)
-        with torch.no_grad():
-            for name, t in state["params"].items():
-                params[name].copy_(t)
-        optimizer.load_state_dict(state["optimizer"])
-        step = int(state["step"])
+        step = load_state(state_path, model, params, optimizer)
         logger.info("resumed from %s at step %d of %d", state_path, step, total_steps)
-    enabled = sys.stderr.isatty() if options.progress is None else options.progress
-    bar = tqdm(total=total_steps, initial=step, unit="step", disable=not enabled, file=sys.stderr, dynamic_ncols=True)
+    bar = _progress_bar(options, total_steps, step)
     epoch_losses: list[float] = []
     done = 0
     t0 = time.perf_counter()
@@ -253,17 +245,7 @@ def train(model: Vela2Model, examples: list[Example], options: TrainOptions, *,
             done += 1
             if done <= step:  # resumed: these steps are in the loaded state
                 continue
-            loss, n_questions = batch_loss(model, [examples[i] for i in batch], options.precision, options.full,
-                                           options.span_pos_weight)
-            if n_questions:
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                for group in optimizer.param_groups:
-                    group["lr"] = options.lr * lr_factor(done, total_steps, options.lr_schedule)
-                optimizer.step()
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise ValueError(f"training loss is {value} at step {done}; lower --lr (given {options.lr})")
+            value = train_step(model, [examples[i] for i in batch], optimizer, options, done, total_steps)
             losses.append(value)
             rows_seen += len(batch)
             bar.update(1)
@@ -278,6 +260,47 @@ def train(model: Vela2Model, examples: list[Example], options: TrainOptions, *,
     for p in model.parameters():
         p.requires_grad_(False)
     return epoch_losses
+
+
+def train_step(model: Vela2Model, batch: list[Example], optimizer: torch.optim.Optimizer, options: TrainOptions,
+               step: int, total_steps: int) -> float:
+    """One optimizer step on `batch`, the `step`-th (1-based) of `total_steps` (it sets the learning
+    rate of the schedule); returns the batch's loss. A batch with no labelled question updates
+    nothing; a loss that is not finite raises ValueError."""
+    loss, n_questions = batch_loss(model, batch, options.precision, options.full, options.span_pos_weight)
+    if n_questions:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        for group in optimizer.param_groups:
+            group["lr"] = options.lr * lr_factor(step, total_steps, options.lr_schedule)
+        optimizer.step()
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise ValueError(f"training loss is {value} at step {step}; lower --lr (given {options.lr})")
+    return value
+
+
+def _progress_bar(options: TrainOptions, total_steps: int, step: int) -> Any:
+    """A tqdm bar of the steps on stderr (disabled unless `options.progress`, or stderr is a terminal)."""
+    from tqdm import tqdm
+
+    enabled = sys.stderr.isatty() if options.progress is None else options.progress
+    return tqdm(total=total_steps, initial=step, unit="step", disable=not enabled, file=sys.stderr,
+                dynamic_ncols=True)
+
+
+def load_state(path: Path | None, model: Vela2Model, params: dict[str, torch.nn.Parameter],
+               optimizer: torch.optim.Optimizer) -> int:
+    """Load the training state `save_state` wrote (trained parameters, optimizer) into `params` and
+    `optimizer`; returns its step. FileNotFoundError when there is none."""
+    if path is None or not path.is_file():
+        raise FileNotFoundError(f"--resume: no training state at {path}")
+    state = torch.load(path, map_location=model.device, weights_only=True)
+    with torch.no_grad():
+        for name, t in state["params"].items():
+            params[name].copy_(t)
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])
 
 
 def save_state(path: Path, params: dict[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer,
@@ -314,7 +337,8 @@ def train_command(checkpoint: str, train_path: str, out: str, *, dev_path: str |
     no row is usable.
     """
     from vela2.model.checkpoint import load, save
-    from vela2.train.calibrate import format_report, read_jsonl
+    from vela2.train.calibrate import format_report
+    from vela2.train.labelled import read_jsonl
 
     # both files are read before the (long) training: a typo in --dev must not cost the trained weights
     try:

@@ -93,15 +93,7 @@ def build_message(
     JSON body is over `max_message_bytes` (the worker would refuse it). `extra_headers`: added to
     Celery's (the trace context of vela2.wire.tracing). `job`: the (scoped) id of the bulk job the
     requests belong to (their ids must be that job's, vela2.wire.jobs.request_wire_id)."""
-    if not requests:
-        raise InvalidRequest("a message needs at least one request")
-    if not chunk and len(requests) != 1:
-        raise InvalidRequest(f"a single-request message carries 1 request; got {len(requests)} (use chunk=True)")
-    pairs = [with_id(r) for r in requests]
-    for rid, _ in pairs:
-        problem = id_problem(rid)
-        if problem:
-            raise InvalidRequest(f"request id {rid[:40]!r} {problem}")
+    pairs = _requests_with_ids(requests, chunk)
     ids = tuple(rid for rid, _ in pairs)
     objs = [obj for _, obj in pairs]
     if chunk:
@@ -114,7 +106,33 @@ def build_message(
     body = _json_bytes([args, kwargs, _EMBED])
     if len(body) > max_message_bytes:
         raise LimitExceeded(f"message body has {len(body):,} bytes; limit {max_message_bytes:,}")
-    headers: dict[str, Any] = {
+    headers = _task_headers(mid, args, kwargs, expires, extra_headers)
+    if job is not None:
+        headers[JOB_HEADER] = job
+    envelope = _envelope(body, headers, mid, queue)
+    payload = json.dumps(envelope, ensure_ascii=True, separators=(",", ":"))  # ASCII: base64 body, short headers
+    return Message(id=mid, queue=queue, payload=payload, request_ids=ids)
+
+
+def _requests_with_ids(requests: list[Any], chunk: bool) -> list[tuple[str, Any]]:
+    """(id, request carrying it) of each request of a message; InvalidRequest for no request, several
+    without `chunk`, or an id the wire cannot carry."""
+    if not requests:
+        raise InvalidRequest("a message needs at least one request")
+    if not chunk and len(requests) != 1:
+        raise InvalidRequest(f"a single-request message carries 1 request; got {len(requests)} (use chunk=True)")
+    pairs = [with_id(r) for r in requests]
+    for rid, _ in pairs:
+        problem = id_problem(rid)
+        if problem:
+            raise InvalidRequest(f"request id {rid[:40]!r} {problem}")
+    return pairs
+
+
+def _task_headers(mid: str, args: list[Any], kwargs: dict[str, Any], expires: datetime | None,
+                  extra_headers: dict[str, Any] | None) -> dict[str, Any]:
+    """Celery's protocol-2 task headers of message `mid` (the deadline as `expires`), then `extra_headers`."""
+    return {
         "lang": "py",
         "task": TASK_NAME,
         "id": mid,
@@ -136,9 +154,11 @@ def build_message(
         "stamps": {},
         **(extra_headers or {}),
     }
-    if job is not None:
-        headers[JOB_HEADER] = job
-    envelope = {
+
+
+def _envelope(body: bytes, headers: dict[str, Any], mid: str, queue: str) -> dict[str, Any]:
+    """kombu's Redis envelope around a message body: base64 body, headers, delivery properties."""
+    return {
         "body": base64.b64encode(body).decode("ascii"),
         "content-encoding": "utf-8",
         "content-type": "application/json",
@@ -153,8 +173,6 @@ def build_message(
             "delivery_tag": str(uuid.uuid4()),
         },
     }
-    payload = json.dumps(envelope, ensure_ascii=True, separators=(",", ":"))  # ASCII: base64 body, short headers
-    return Message(id=mid, queue=queue, payload=payload, request_ids=ids)
 
 
 def _json_bytes(obj: Any) -> bytes:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import vela2
-from vela2.api.systemone import system_one_request
 from vela2.cli import main
+from vela2.scoring.systemone import system_one_request
 from vela2.text.rendering import split_words
 
 TEXT = "Alice Smith from Acme wrote to bob@globex.com about the refund for order 4471 on Monday."

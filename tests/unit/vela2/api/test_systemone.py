@@ -22,16 +22,15 @@ from vela2.api.systemone import (
     is_system_one,
     main,
     parse_request,
-    predict_mixed,
     render_input,
     schema_texts,
-    system_one_request,
     to_answer,
     to_row,
 )
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, Vela2Error
 from vela2.model.calibration import DEFAULT_QUESTIONS, Calibration
+from vela2.scoring.systemone import predict_mixed, system_one_request
 
 MODEL = "vela2-demo"
 STATE = {
@@ -507,7 +506,7 @@ def test_extract_is_a_span_block_over_the_labels() -> None:
 
 
 def test_rendered_input_over_the_text_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import vela2.api.systemone as s1
+    import vela2.api.systemone.rows as s1
 
     monkeypatch.setattr(s1, "LIMITS", LIMITS.__class__(max_text_chars=20))
     r = parse_request(req(input={"user": "a" * 10, "assistant": "b" * 5}))  # 6 + 10 + 2 + 11 + 5 rendered

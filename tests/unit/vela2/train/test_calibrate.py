@@ -15,18 +15,9 @@ import vela2
 from vela2.api.schemas import Answer, ErrorInfo, RowResult, Status, Units, parse_row
 from vela2.model.calibration import Calibration, sigmoid, softmax
 from vela2.train import calibrate
-from vela2.train.calibrate import (
-    best_f1_threshold,
-    check_gold,
-    ece,
-    f1_from_counts,
-    f1_score,
-    fit_sigmoid_temperature,
-    fit_softmax_temperature,
-    read_jsonl,
-    sigmoid_nll,
-    softmax_nll,
-)
+from vela2.train.calibrate import fit_sigmoid_temperature, fit_softmax_temperature
+from vela2.train.labelled import check_gold, read_jsonl
+from vela2.train.metrics import best_f1_threshold, ece, f1_from_counts, f1_score, sigmoid_nll, softmax_nll
 
 # --- math against hand-computed values ------------------------------------------------------------
 
