@@ -9,7 +9,7 @@ result keys and submitted markers of every id any coroutine waits on with ONE MG
 (redis.asyncio), resolves their futures, and sleeps with asyncio in between. The pause starts at
 `poll_min_s`, doubles up to `poll_max_s` while nothing arrives, and drops back when a result
 arrives or a new waiter joins, so a thousand concurrent `answer()` calls cost one MGET per pause,
-not a thousand GETs. Validation and message building are producer.client's (`prepare_request`,
+not a thousand GETs. Validation and message building are producer.prepare's (`prepare_request`,
 `pack_messages`), and so are the states and terminal outcomes: submissions are tracked by default;
 an id whose answer expired from the result store makes `result` / `answer` raise
 `vela2.errors.ResultExpired` at once and maps to an error result of type "result_expired" in
@@ -31,27 +31,22 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from producer import brokers
+from producer.answers import expired_answer, expired_row, result_expired_error
 from producer.brokers import AmqpPublisher, check_replicated, queue_commands
-from producer.client import (
-    DEFAULT_MODEL,
-    DEFAULT_REDIS_URL,
-    Scope,
+from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
+from producer.prepare import pack_messages, prepare_many, prepare_request
+from producer.scope import Scope
+from producer.submitting import (
     cancel_commands,
-    check_timeout,
     check_ttl,
     claim_commands,
     conflict_error,
-    expired_answer,
-    expired_row,
     nothing_sent,
-    pack_messages,
     plan_submit,
-    prepare_many,
-    prepare_request,
     read_claims,
-    result_expired_error,
     unanswered,
 )
+from producer.waiting import check_timeout
 from vela2.api.schemas import RowResult
 from vela2.wire import tracing
 from vela2.wire.connections import async_redis_client
@@ -236,7 +231,7 @@ class AsyncClient:
         self.model = model
         self.track_submitted = track_submitted
         self.submitted_ttl_s = check_ttl(submitted_ttl_s)
-        self.scope = Scope(tenant)  # ids of a tenant never meet another's (producer.client.Scope)
+        self.scope = Scope(tenant)  # ids of a tenant never meet another's (producer.scope.Scope)
         tracing.configure("vela2-producer")  # only when OTEL_* variables ask for traces (vela2.wire.tracing)
         self._poll = (poll_min_s, poll_max_s)
         self.poller = _Poller(self.redis, poll_min_s, poll_max_s)

@@ -60,30 +60,33 @@ thread (`start()` / `stop()`, or ``with FakeWorker(...) as worker:``), which wai
 the real worker does, so a test can submit and wait in one call (`client.answer(rid, timeout_s=5)`),
 from asyncio or over HTTP too; `run_until_empty()` waits until the thread has answered every queued
 message. Nothing here imports torch (only ``answer="model"`` does, when asked).
+
+The stub's answers are producer.testing.stub's; answer functions and the model in this process
+producer.testing.answers'; this module holds the worker: taking queue items, answering and storing
+them, on demand or in a thread.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import redis as redis_lib
 
 from producer.client import DEFAULT_MODEL
+from producer.testing.answers import MODEL, AnswerFn, as_result, model_answerer
+from producer.testing.stub import FAKE_META_KEY, STUB, fake_digest, stub_answers, stub_render
 from vela2.api import systemone
 from vela2.api.schemas import (
-    Answer,
     ModelInfo,
     Row,
     RowResult,
@@ -96,9 +99,7 @@ from vela2.api.schemas import (
 )
 from vela2.config import default_precision
 from vela2.errors import ModelError, Vela2Error
-from vela2.model.calibration import Calibration, choice_probs, expected_value, sigmoid
-from vela2.text.rendering import part_digest, split_words
-from vela2.text.spans import span_answer
+from vela2.model.calibration import Calibration
 from vela2.wire import keys
 from vela2.wire.connections import redis_client
 from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, CANCELLED_MESSAGE
@@ -114,10 +115,6 @@ from vela2.wire.messages import (
 )
 from vela2.wire.results import DEFAULT_RESULT_EXPIRES_S, ResultStore, chunk_meta, dead_letter_entry, row_meta
 
-AnswerFn = Callable[[Row], Any]  # a row -> a RowResult, or one answer (Answer or dict) per question
-STUB = "stub"
-MODEL = "model"
-FAKE_META_KEY = "vela2_fake"  # in a stored meta: which fake answered it (never in a real worker's)
 TESTING_EXTRA = 'pip install "vela2[testing]"'
 _TAKE_WAIT_S = 0.05  # longest a thread waits between Redis calls when idle, so stop() and pause() act quickly
 _IDLE_POLL_S = 0.02  # a thread's pause between two looks at empty queues
@@ -142,124 +139,6 @@ class _Answered:
     dead: list[str]
     duplicates: int = 0
     job: str | None = None  # the bulk job its results are counted on (vela2.wire.jobs)
-
-
-# --- answers ------------------------------------------------------------------------------------
-
-
-def _never_logit(temperature: float) -> float:
-    """A raw logit whose calibrated probability is exactly 0 at `temperature` (exp underflows below
-    -745): the stub's [ABS] and span-word logits, so its probabilities 0 follow from its logits."""
-    return -1000.0 * max(1.0, temperature)
-
-
-def _stub_span(row: Row, i: int, task: str, offsets: np.ndarray, cal: Calibration) -> Answer:
-    """A span answer from raw logits `_never_logit` for every word and label, made by the worker's
-    own `span_answer`: probability 0 everywhere, so no spans, with the worker's `gate_fired` (PII
-    tasks) and `units` (the text's real word offsets) when the row asks."""
-    labels = row.questions[i].labels or []
-    logits = np.full((offsets.shape[0], len(labels)), _never_logit(cal.T_span), dtype=np.float32)  # (W, K)
-    return span_answer(row, offsets, i, task, logits, cal)
-
-
-def _stub_options(row: Row, i: int, task: str, cal: Calibration) -> Answer:
-    """A choice / score / set answer: raw logits 0 per option ([ABS] `_never_logit`), calibrated as the
-    worker calibrates them (uniform, abstain 0; set: 0.5 each); decision the first option."""
-    kind = task.split(":", 1)[0]
-    options = row.questions[i].options or []
-    fields: dict[str, Any] = {}
-    if kind == "set":
-        logits = np.zeros(len(options), dtype=np.float32)  # (options,): set has no [ABS]
-        probs = sigmoid(logits.astype(np.float64) / cal.T_set)
-        fields["decision"] = options[:1]
-    else:
-        t = cal.temperature(task)
-        logits = np.array([0.0] * len(options) + [_never_logit(t)], dtype=np.float32)  # (options + [ABS],)
-        probs, fields["abstain_probability"] = choice_probs(logits, t, len(options))
-        fields["decision"] = options[0]
-        if kind == "score":
-            fields["expected"] = expected_value(options, probs)
-    if row.logits:
-        fields["logits"] = logits.tolist()
-    return Answer(question=i, task=task, probs=dict(zip(options, probs.tolist(), strict=True)), **fields)
-
-
-def stub_answers(row: Row, calibration: Calibration | None = None) -> list[Answer]:
-    """The stub's answers to a row: one per question, from the question alone (module docstring),
-    with every field the worker's answer has for that row (`gate_fired`, `units`, `logits`), its
-    probabilities calibrated from its logits by `calibration` (default: calibration.json's defaults)."""
-    cal = calibration or Calibration()
-    offsets: np.ndarray | None = None  # the text's words, split once and only when a span answer needs them
-    out = []
-    for i in range(len(row.questions)):
-        task = row.question_task(i)
-        if task.startswith("span:"):
-            offsets = split_words(row.text) if offsets is None else offsets
-            out.append(_stub_span(row, i, task, offsets, cal))
-        else:
-            out.append(_stub_options(row, i, task, cal))
-    return out
-
-
-def stub_render(row: Row) -> dict[str, Any]:
-    """The `render` digests of a row that asks for logits, with vela2.text.rendering.render_digest's keys:
-    `offsets` is the worker's own (the same word split); the others need the tokenizer, so
-    `sequences` is 1 and the token digests are the stub's own, never equal to a worker's."""
-    out: dict[str, Any] = {"sequences": 1}
-    for part in ("input_ids", "position_ids", "parts", "blocks", "word_positions"):
-        out[part] = part_digest([FAKE_META_KEY, STUB, part, row.text])
-    out["offsets"] = part_digest(split_words(row.text).tolist())
-    return out
-
-
-def fake_digest(kind: str, model: str) -> str:
-    """The checkpoint digest in the `served_by` of a fake's answers (32 hex digits like
-    vela2.model.checkpoint.digest, of the fake's kind and model name): no checkpoint has it."""
-    return hashlib.blake2b(f"{FAKE_META_KEY}:{kind}:{model}".encode(), digest_size=16).hexdigest()
-
-
-def model_answerer(checkpoint: str | Path, *, device: str = "cpu", precision: str | None = None) -> Any:
-    """An answer function running the real model in this process: `vela2.predict` on the loaded
-    `checkpoint`, at `precision` (default `vela2.config.default_precision(device)`, the worker's).
-    The returned function carries the model's `calibration` (SystemOne default question texts).
-    Needs torch (``pip install "vela2[model]"``)."""
-    try:
-        from vela2.config import default_precision
-        from vela2.model.checkpoint import load, serving_dtype
-        from vela2.scoring.predict import predict
-    except ImportError as e:
-        raise ImportError(f'answer="model" runs the model in this process and needs torch: '
-                          f'pip install "vela2[model]" ({e})') from e
-    chosen = precision or default_precision(device)
-    model = load(checkpoint, device=device, dtype=serving_dtype(chosen))
-
-    def answer(row: Row) -> RowResult:
-        return predict(model, [row], precision=chosen)[0]
-
-    answer.calibration = model.calibration  # type: ignore[attr-defined]
-    answer.model_name = model.name  # type: ignore[attr-defined]
-    return answer
-
-
-def _as_result(rid: str, row: Row, got: Any, timings: dict[str, float]) -> RowResult:
-    """What an answer function returned, as the RowResult stored under `rid`."""
-    if isinstance(got, RowResult):
-        return got if got.id == rid else got.model_copy(update={"id": rid})
-    if not isinstance(got, list | tuple):
-        raise ModelError(f"the answer function returned {type(got).__name__}; expected a RowResult or a list "
-                         f"of {len(row.questions)} answers")
-    if len(got) != len(row.questions):
-        raise ModelError(f"the answer function returned {len(got)} answers for {len(row.questions)} questions")
-    answers = []
-    for i, a in enumerate(got):
-        if isinstance(a, Answer):
-            answers.append(a)
-        else:
-            answers.append(Answer.model_validate({"question": i, "task": row.question_task(i), **dict(a)}))
-    return RowResult(id=rid, task=row.task, status=Status.ok, answers=answers, timings=timings)
-
-
-# --- the worker ---------------------------------------------------------------------------------
 
 
 class FakeWorker:
@@ -633,7 +512,7 @@ class FakeWorker:
         except Exception as e:  # a failing answer function: the request fails, as a model error would
             raise ModelError(f"the answer function raised {type(e).__name__}: {e}") from e
         ms = (time.perf_counter() - t0) * 1e3
-        res = _as_result(rid, row, got, {"queue_ms": 0.0, "render_ms": 0.0, "model_ms": ms, "decode_ms": 0.0})
+        res = as_result(rid, row, got, {"queue_ms": 0.0, "render_ms": 0.0, "model_ms": ms, "decode_ms": 0.0})
         if res.status != Status.ok:
             return res
         update: dict[str, Any] = {}
@@ -642,23 +521,3 @@ class FakeWorker:
         if self.kind == STUB and row.logits and res.render is None:
             update["render"] = stub_render(row)
         return res.model_copy(update=update) if update else res
-
-
-# --- assertions -----------------------------------------------------------------------------------
-
-
-def assert_ok(answer: Any) -> Any:
-    """`answer` (a RowResult, an answer dict from `Client.answer` / `answers_many`, or the JSON of
-    an HTTP response) when its status is "ok"; else AssertionError with the stored error's type and
-    message (None: no answer yet). Returns it, so ``assert_ok(client.result(rid)).answers`` reads."""
-    if answer is None:
-        raise AssertionError("no answer (None): the request has no stored result yet")
-    data = answer.to_json_dict() if isinstance(answer, RowResult) else answer
-    if not isinstance(data, dict):
-        raise AssertionError(f"not an answer: {type(answer).__name__} {str(answer)[:200]}")
-    status = data.get("status")
-    if status == Status.ok.value:
-        return answer
-    err = data.get("error") or {}
-    raise AssertionError(f"request {data.get('id')!r} is {status!r}, not 'ok': "
-                         f"{err.get('type', '?')}: {err.get('message', '(no message)')}")

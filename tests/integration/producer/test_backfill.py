@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from producer.backfill import EXIT_REDIS_UNAVAILABLE, LineWriter, count_lines, line_id, run_backfill, scan_out
+from producer.backfill import EXIT_REDIS_UNAVAILABLE, run_backfill
+from producer.backfill.lines import line_id
+from producer.backfill.output import LineWriter, scan_out
+from producer.backfill.run import count_lines
 from vela2.api.schemas import content_id
 from vela2.wire.keys import backfill_queue, result_key, submitted_key
 from vela2.wire.messages import decode_body, decode_envelope

@@ -398,7 +398,7 @@ def test_a_push_that_may_have_queued_keeps_its_marker(redis):
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from producer.brokers import NotReplicated
-    from producer.client import nothing_sent
+    from producer.submitting import nothing_sent
     from vela2.errors import IdConflict
 
     class LateBroker(fakeredis.FakeRedis):  # runs the push, then the reply never comes
@@ -461,7 +461,7 @@ def test_reads_and_waits_refuse_what_no_request_can_have(client):
     for no_wait in (0, -1, float("-inf")):  # one look, as before
         with pytest.raises(TimeoutError):
             client.result("a", timeout_s=no_wait)
-    from producer.client import check_timeout
+    from producer.waiting import check_timeout
 
     assert check_timeout(float("inf")) is None  # wait for ever, as None
     for ttl in (0, -5, 1.5, None):

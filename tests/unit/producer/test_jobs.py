@@ -19,6 +19,8 @@ from producer.jobs import (
     list_jobs,
     submit_job,
 )
+from producer.jobs import output as jobs_output
+from producer.jobs import submit as jobs_submit
 from producer.testing import FakeWorker
 from vela2.errors import InvalidRequest, JobNotFound
 from vela2.wire.jobs import SUBMIT_STALE_S, request_wire_id
@@ -138,7 +140,7 @@ def test_submit_streams_its_input_and_results_stream_by_pages(redis, client, mon
     created: list[str] = []
     done = submit_job(client, gen(), on_created=created.append)
     FakeWorker(redis, MODEL).drain()
-    monkeypatch.setattr(jobs_mod, "READ_PAGE", 100)
+    monkeypatch.setattr(jobs_output, "READ_PAGE", 100)
     mgets = []
     real = redis.mget
     monkeypatch.setattr(redis, "mget", lambda keys: mgets.append(len(keys)) or real(keys))
@@ -205,7 +207,7 @@ def test_a_failed_job_stays_failed_when_cancelled(redis, client):
 def test_a_slow_input_keeps_its_job_beating(redis, client, monkeypatch):
     """Found by review: the beat came only with each push of PUSH_LINES lines, so a live submitter
     reading a slow input read `failed` after SUBMIT_STALE_S."""
-    monkeypatch.setattr(jobs_mod, "SUBMIT_BEAT_S", 0.02)
+    monkeypatch.setattr(jobs_submit, "SUBMIT_BEAT_S", 0.02)
     created: list[str] = []
 
     def gen():

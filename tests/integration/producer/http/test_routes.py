@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from producer.http.app import status_code
+from producer.answers import http_status as status_code
 from vela2.api.schemas import ErrorInfo, RowResult, Status
 from vela2.wire.keys import online_queue, result_key
 from vela2.wire.results import ResultStore, row_meta

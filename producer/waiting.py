@@ -1,0 +1,89 @@
+"""How the synchronous client waits for answers: one id on its result key's pub/sub channel (no
+polling), many ids with ONE MGET per poll over the result and marker keys of those still missing
+(MGET is atomic, so the worker's result-and-marker write is never seen half done). An id whose
+answer came and expired (its marker says "answered", its result is gone) ends the wait at once:
+ResultExpired for one id, a stand-in result for many. No celery, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from producer.answers import result_expired_error
+from vela2.errors import InvalidRequest
+from vela2.wire.keys import result_key
+from vela2.wire.results import split_state, state_keys, state_of
+
+_POLL_START_S = 0.005  # first poll interval of wait_many; doubles up to _POLL_MAX_S
+_POLL_MAX_S = 0.2
+
+
+def check_timeout(timeout_s: Any) -> float | None:
+    """A wait's `timeout_s` as the waits take it: None or infinity (wait for ever: None), a number
+    (<= 0: one look, no wait); InvalidRequest naming it for NaN, which would never time out, or for
+    anything that is not a number."""
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or math.isnan(timeout_s):
+        raise InvalidRequest(f"timeout_s must be a number of seconds or None; got {timeout_s!r}")
+    return None if math.isinf(timeout_s) and timeout_s > 0 else max(0.0, float(timeout_s))
+
+
+def read_one(redis: Any, request_id: str, parse: Callable[[Any], Any]) -> Any:
+    """The parsed result now, or None; raises ResultExpired when the answer came and went."""
+    raw, marker = redis.mget(state_keys([request_id]))
+    if state_of(raw, marker) == "expired":
+        raise result_expired_error(request_id)
+    return parse(raw)
+
+
+def wait_one(redis: Any, request_id: str, timeout_s: float | None, parse: Callable[[Any], Any]) -> Any:
+    """Wait on the result key's pub/sub channel (no polling); TimeoutError after timeout_s,
+    ResultExpired as soon as the marker says the answer came and expired."""
+    timeout_s = check_timeout(timeout_s)
+    key = result_key(request_id)
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)
+    try:
+        pubsub.subscribe(key)  # subscribe first, then read: a result written in between is not missed
+        found = read_one(redis, request_id, parse)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while found is None:
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no result for {request_id!r} after {timeout_s} s")
+            msg = pubsub.get_message(timeout=min(left, 1.0))
+            if msg is not None and msg.get("type") == "message":
+                found = parse(msg["data"])
+            elif msg is None:
+                found = read_one(redis, request_id, parse)  # a reconnect may drop a publish
+        return found
+    finally:
+        pubsub.close()
+
+
+def wait_many(redis: Any, ids: list[str], timeout_s: float | None, parse: Callable[[Any], Any],
+              expired: Callable[[str], Any]) -> dict[str, Any]:
+    """id -> its parsed result, `expired(id)` for an id whose answer expired, or None for an id with
+    no result when `timeout_s` (already checked: `check_timeout`) runs out; one MGET per poll, the
+    pause doubling from _POLL_START_S up to _POLL_MAX_S."""
+    out: dict[str, Any] = dict.fromkeys(ids)
+    missing = list(dict.fromkeys(ids))
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pause = _POLL_START_S
+    while missing:
+        still = []
+        for rid, (raw, marker) in split_state(missing, redis.mget(state_keys(missing))).items():
+            value = expired(rid) if state_of(raw, marker) == "expired" else parse(raw)
+            if value is None:
+                still.append(rid)
+            else:
+                out[rid] = value
+        missing = still
+        if not missing or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+        pause = min(pause * 2, _POLL_MAX_S)
+    return out
