@@ -27,7 +27,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 # The whole suite over TEST_WORKERS processes (pytest-xdist); the demo model is trained once per
-# version of vela2/ and kept in .cache/test-demo (tests/conftest.py).
+# version of vela2/ and kept in ~/.cache/vela2-tests (tests/conftest.py).
 TEST_WORKERS ?= 4
 test: lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
@@ -36,19 +36,20 @@ test: lint
 test-fast: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 tests/unit
 
-# The fault suite against real processes (writes bench/results/reliability.json; exit 1 on a lost request).
+# The fault suite against real processes (bench/faults; writes bench/results/reliability.json; exit 1 on a
+# lost request).
 # RELIABILITY_ARGS adds options, e.g. the repeat run under load:
 #   make reliability RELIABILITY_ARGS="--only redis_down --repeat 3 --cpu-hog 1 --fuzz-examples 0" \
 #        RELIABILITY_OUT=bench/results/reliability-repeat.json
 RELIABILITY_OUT ?= bench/results/reliability.json
 RELIABILITY_ARGS ?=
 reliability: $(DEMO_CKPT)/config.json
-	$(PY) -m bench.reliability --checkpoint $(DEMO_CKPT) --out $(RELIABILITY_OUT) $(RELIABILITY_ARGS)
+	$(PY) -m bench.faults --checkpoint $(DEMO_CKPT) --out $(RELIABILITY_OUT) $(RELIABILITY_ARGS)
 
 # Steady traffic for MINUTES minutes, sampling worker RSS and GPU memory (bench/results/soak.json).
 MINUTES ?= 5
 soak: $(DEMO_CKPT)/config.json
-	$(PY) -m bench.reliability --checkpoint $(DEMO_CKPT) --only none --fuzz-examples 0 \
+	$(PY) -m bench.faults --checkpoint $(DEMO_CKPT) --only none --fuzz-examples 0 \
 		--soak-minutes $(MINUTES) --out bench/results/soak.json
 
 # Queue overhead on this CPU machine vs plain Celery (writes bench/results/cpu-queue.json).

@@ -41,12 +41,16 @@ multi  (b) with 1, then 2 (then 4 when 4 GPUs are there) workers, each pinned to
        stats lines at shutdown) give how many requests they scored in all (answered_twice = scored - submitted).
        --share-gpu: all workers on one device (one GPU, or the CPU) to exercise the code path.
 
-Tiny shapes run everything on a CPU (what tests/bench/test_queue_bench.py does):
+Tiny shapes run everything on a CPU (what tests/integration/bench/test_queue_bench.py does; `--preset
+tiny`: these options with --max-batch-tokens 8192):
 
     python -m bench.queue_bench gpu --device cpu --layers 2 --hidden 128 --copies 1 --max-rows 40 \
         --tokenizer demo --latency-s 3 --out /tmp/gpu-queue.json
     python -m bench.queue_bench multi --device cpu --share-gpu --workers 1,2 --layers 2 --hidden 128 \
         --copies 1 --max-rows 40 --tokenizer demo --out /tmp/gpu-multi.json
+
+The options, their groups and defaults, `--preset` and `--config`: bench.queue_bench_options
+(`python -m bench.queue_bench CMD -h` lists a subcommand's main options, `--help-all` all of them).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.queue_bench_options import parse_args
 from stack.harness import READY_TIMEOUT_S, RedisServer, WorkerProcess, wait_for_redis
 
 log = logging.getLogger("bench.queue_bench")
@@ -1151,116 +1156,6 @@ def run_multi(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 # --- command line --------------------------------------------------------------------------------
 
 
-def _common(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--redis-url", default=None, help="use this Redis instead of starting a redis-server")
-    ap.add_argument("--chunk-size", type=int, default=None, help="rows per backfill message (submit_many)")
-    ap.add_argument("--max-wait-ms", type=float, default=None, help="worker: longest wait for a bucket to fill")
-    ap.add_argument("--max-buffered", type=int, default=None, help="worker: messages held at once (prefetch)")
-    ap.add_argument("--render-threads", type=int, default=None, help="worker: render / decode threads")
-    ap.add_argument("--max-batch-tokens", type=int, default=None, help="worker (and engine): padded tokens per batch")
-    ap.add_argument("--timeout-s", type=float, default=480.0, help="longest wait for the results of one phase")
-    ap.add_argument("--deadline-s", type=float, default=540.0,
-                    help="the whole run's budget: phases are cut short or skipped so that the JSON is written in time")
-    ap.add_argument("--keep-logs", default=None, help="copy the worker logs to this directory at the end")
-    ap.add_argument("--out", default=None, help="JSON file to write")
-
-
-def _model_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--device", default="cuda",
-                    help="cuda (the engine alone on GPU 0, worker K on GPU K) or cpu")
-    ap.add_argument("--layers", type=int, default=36)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--intermediate", type=int, default=None, help="MLP width (default 3.5 x hidden)")
-    ap.add_argument("--heads", type=int, default=None, help="attention heads (default hidden / 128)")
-    ap.add_argument("--kv-heads", type=int, default=None, help="KV heads (default heads / 4)")
-    ap.add_argument("--window", type=int, default=2048, help="config.max_window_tokens")
-    ap.add_argument("--tokenizer", choices=("bench", "demo"), default="bench",
-                    help="bench: bench.gpu_engine's ~1.2 tokens/word tokenizer; demo: faster to build (tests)")
-    ap.add_argument("--model-name", default="vela2-bench")
-    ap.add_argument("--precision", choices=("bf16", "fp32"), default=None, help="default bf16 on cuda, fp32 on cpu")
-    ap.add_argument("--row-tokens", type=int, default=2048, help="worker / engine row packing (0 = off)")
-    ap.add_argument("--attn", default="sdpa", help="attention backend: sdpa | flex")
-    ap.add_argument("--copies", type=int, default=None, help="copies of the 240-row workload")
-    ap.add_argument("--max-rows", type=int, default=None, help="only the first N rows (smoke tests)")
-    ap.add_argument("--seed", type=int, default=0, help="workload seed")
-    ap.add_argument("--queue-warmup-rows", type=int, default=24, help="rows through the queue before timing")
-    ap.add_argument("--share-gpu", action="store_true", help="every worker on the one --device")
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench.queue_bench", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    cpu = sub.add_parser("cpu", help="backfill rows/s through Redis + worker vs plain Celery (this machine)")
-    _common(cpu)
-    cpu.add_argument("--rows", type=int, default=3000, help="short rows per round")
-    cpu.add_argument("--repeats", type=int, default=3, help="rounds (ours, then plain); the best of each counts")
-    cpu.add_argument("--models", default="null,demo",
-                     help="comma list of null | demo; the first is the headline `ours`, others `ours_<kind>`")
-    cpu.add_argument("--cache-dir", default=".cache/queue-bench", help="where the checkpoints are written (once)")
-    cpu.add_argument("--celery-pool", default="solo", help="plain Celery worker pool: solo | prefork | threads")
-    cpu.add_argument("--celery-concurrency", type=int, default=1)
-    cpu.add_argument("--celery-prefetch", type=int, default=4, help="plain Celery worker_prefetch_multiplier")
-    cpu.add_argument("--groups", default=",".join(CPU_GROUPS), help="bench.workload groups of the short rows")
-    cpu.add_argument("--ours-workers", type=int, default=1,
-                     help="vela2 worker processes per model (the issue's figure: 1)")
-    cpu.add_argument("--torch-threads", type=int, default=1,
-                     help="OMP_NUM_THREADS of the vela2 workers (0 = torch's default, all cores)")
-    cpu.add_argument("--profile", action="store_true", help="sample the vela2 worker's thread stacks into the JSON")
-    cpu.add_argument("--cpu-processes", type=int, default=None,
-                     help="the vela2 workers' render / decode processes (worker setting cpu_processes; default: "
-                          "its auto, none on a CPU: render threads)")
-    gpu = sub.add_parser("gpu", help="engine alone vs the queue path, and online latency (GPU)")
-    _common(gpu)
-    _model_args(gpu)
-    gpu.add_argument("--workers", type=int, default=1, help="worker processes (one per GPU unless --share-gpu)")
-    gpu.add_argument("--skip-engine", action="store_true", help="no engine-alone measurement")
-    gpu.add_argument("--engine-warmup-rows", type=int, default=240, help="rows of the engine's warm-up predict")
-    gpu.add_argument("--latency-s", type=float, default=20.0, help="length of the latency phase (0 = none)")
-    gpu.add_argument("--latency-load", type=float, default=0.5, help="latency arrival rate / queue-path rows/s")
-    gpu.add_argument("--latency-rate", type=float, default=None, help="latency arrivals per second (overrides)")
-    multi = sub.add_parser("multi", help="the queue path with 1, 2 (, 4) workers: scaling, none lost")
-    _common(multi)
-    _model_args(multi)
-    multi.add_argument("--workers", default="1,2,4", help="comma list of worker counts (those over the GPUs skip)")
-    multi.add_argument("--settle-s", type=float, default=2.0, help="pause before re-reading every stored answer")
-    args = ap.parse_args(argv)
-    args.deadline_at = time.monotonic() + args.deadline_s
-    defaults: dict[str, Any]
-    if args.cmd == "cpu":
-        defaults = {"chunk_size": 64, "max_wait_ms": 20.0, "max_buffered": 64, "render_threads": 1,
-                    "max_batch_tokens": 16384, "out": "bench/results/cpu-queue.json"}
-    else:
-        defaults = {"chunk_size": 4, "max_wait_ms": 20.0, "max_buffered": 64 if args.cmd == "gpu" else 32,
-                    "render_threads": 2,
-                    "max_batch_tokens": 65536,
-                    "out": "bench/results/gpu-queue.json" if args.cmd == "gpu" else "bench/results/gpu-multi.json",
-                    "copies": 2 if args.cmd == "gpu" else 4}
-        args.precision = args.precision or ("fp32" if args.device == "cpu" else "bf16")
-        args.heads = args.heads or max(1, args.hidden // 128)
-        args.kv_heads = args.kv_heads or max(1, args.heads // 4)
-        args.intermediate = args.intermediate or int(args.hidden * 3.5)
-    for key, value in defaults.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    if args.cmd == "cpu":
-        from bench.workload import GROUPS
-
-        args.groups = tuple(args.groups.split(","))
-        if set(args.groups) - set(GROUPS):
-            ap.error(f"--groups: unknown {sorted(set(args.groups) - set(GROUPS))}")
-        args.models = args.models.split(",")
-        if not args.models or set(args.models) - {"null", "demo"} or len(set(args.models)) != len(args.models):
-            ap.error(f"--models must be distinct names from null,demo; got {','.join(args.models)!r}")
-    if args.cmd == "multi":
-        try:
-            args.worker_counts = [int(x) for x in args.workers.split(",")]
-        except ValueError:
-            ap.error(f"--workers must be a comma list of integers; got {args.workers!r}")
-        if any(k < 1 for k in args.worker_counts):
-            ap.error(f"--workers must be >= 1 each; got {args.workers!r}")
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand, write its JSON, print the headline figures."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -1272,6 +1167,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run = {"cpu": run_cpu, "gpu": run_gpu, "multi": run_multi}[args.cmd]
     doc = run(args, argv)
+    doc.setdefault("options", args.options)  # every option's value (defaults, --preset, --config resolved)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

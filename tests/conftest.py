@@ -1,9 +1,10 @@
 """Fixtures of every test: the demo checkpoint and its model.
 
 The demo is trained (about two minutes on one core) once per version of the code that makes it
-(`vela2/`, and torch / transformers / tokenizers) and kept in `.cache/test-demo/<digest>/`: later
-runs and every xdist worker copy it instead of training again, and a change to `vela2/` trains a new
-one, so the demo's tests always measure the model the code under test makes.
+(`vela2/`, and torch / transformers / tokenizers) and kept under `$XDG_CACHE_HOME/vela2-tests/demo/
+<digest>/` (~/.cache by default): later runs, other clones of the same code and every xdist worker
+copy it instead of training again, and a change to `vela2/` trains a new one, so the demo's tests
+always measure the model the code under test makes.
 
 Process fixtures (redis-server, workers, the HTTP route) live in tests/integration/conftest.py; a
 unit test starts no process (tests/unit/conftest.py holds it to that).
@@ -28,7 +29,7 @@ if str(ROOT) not in sys.path:  # the repo root first: the checkout under test, n
 
 import vela2  # noqa: E402
 
-DEMO_CACHE = ROOT / ".cache" / "test-demo"
+DEMO_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vela2-tests" / "demo"
 
 
 def demo_digest() -> str:

@@ -1,5 +1,5 @@
 """The fault suite end to end at a tiny scale: real redis-server, real worker processes, the JSON
-report and the exit status (bench.reliability). The full suite runs with `make reliability`."""
+report and the exit status (bench.faults). The full suite runs with `make reliability`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from bench import reliability
+from bench.faults import registry
+from bench.faults.accounting import Tracker
+from bench.faults.cli import main
+from bench.faults.context import Suite
+from bench.faults.report import Outcome
+from bench.faults.runner import cpu_hogs
 from stack.harness import find_redis_server
+from vela2.wire import keys
 
 FIELDS = {
     "name",
@@ -46,7 +52,7 @@ def test_malformed_and_oom_scenarios_lose_nothing_and_write_the_report(tmp_path:
         "--out",
         str(out),
     ]
-    assert reliability.main(argv) == 0
+    assert main(argv) == 0
     report = json.loads(out.read_text())
     names = [s["name"] for s in report["scenarios"]]
     assert names == ["malformed", "oom"]
@@ -69,7 +75,7 @@ def test_queue_items_and_bad_id_scenarios_pass_at_a_tiny_scale(tmp_path: Path, d
     out = tmp_path / "reliability.json"
     argv = ["--only", "queue_items,bad_id", "--scale", "0.05", "--fuzz-examples", "0", "--checkpoint", str(demo_dir),
             "--out", str(out)]
-    assert reliability.main(argv) == 0
+    assert main(argv) == 0
     report = json.loads(out.read_text())
     items, bad_id = report["scenarios"]
     assert [items["name"], bad_id["name"]] == ["queue_items", "bad_id"]
@@ -95,20 +101,20 @@ def test_queue_items_and_bad_id_scenarios_pass_at_a_tiny_scale(tmp_path: Path, d
 def test_repeat_reports_every_run_and_fails_when_one_run_loses(monkeypatch, tmp_path: Path, demo_dir: Path):
     calls = []
 
-    def flaky(s: reliability.Suite, out: reliability.Outcome) -> None:
+    def flaky(s: Suite, out: Outcome) -> None:
         calls.append(out.run)
         r = s.redis()
-        tr = reliability.Tracker(r.url())
+        tr = Tracker(r.url())
         tr.add([f"sent-{out.run}"])
-        r.client().set(reliability.keys.result_key(f"sent-{out.run}"), json.dumps({"status": "SUCCESS"}))
+        r.client().set(keys.result_key(f"sent-{out.run}"), json.dumps({"status": "SUCCESS"}))
         if out.run == 2:
             tr.add(["never-sent"])  # the second run loses one
         out.settle(tr)
         tr.close()
 
-    monkeypatch.setitem(reliability.SCENARIOS, "flaky", flaky)
+    monkeypatch.setitem(registry.SCENARIOS, "flaky", flaky)
     out = tmp_path / "r.json"
-    code = reliability.main(["--only", "flaky", "--repeat", "3", "--cpu-hog", "1", "--fuzz-examples", "0",
+    code = main(["--only", "flaky", "--repeat", "3", "--cpu-hog", "1", "--fuzz-examples", "0",
                              "--checkpoint", str(demo_dir), "--out", str(out)])
     report = json.loads(out.read_text())
     assert code == 1 and calls == [1, 2, 3]
@@ -120,26 +126,26 @@ def test_repeat_reports_every_run_and_fails_when_one_run_loses(monkeypatch, tmp_
 
 @pytest.mark.integration
 def test_cpu_hogs_run_beside_and_stop_with_the_block():
-    with reliability.cpu_hogs(2, max_s=60) as hogs:
+    with cpu_hogs(2, max_s=60) as hogs:
         assert len(hogs) == 2 and all(h.poll() is None for h in hogs)
     assert all(h.poll() is not None for h in hogs)
-    with reliability.cpu_hogs(1, max_s=0.2) as hogs:  # bounded on its own too
+    with cpu_hogs(1, max_s=0.2) as hogs:  # bounded on its own too
         assert hogs[0].wait(30) == 0
 
 
 @pytest.mark.integration
 @pytest.mark.usefixtures("_need_redis_server")
 def test_a_lost_request_fails_the_suite(monkeypatch, tmp_path: Path, demo_dir: Path):
-    def loses_one(s: reliability.Suite, out: reliability.Outcome) -> None:
+    def loses_one(s: Suite, out: Outcome) -> None:
         r = s.redis()
-        tr = reliability.Tracker(r.url())
+        tr = Tracker(r.url())
         tr.add(["never-sent"])
         out.settle(tr)
         tr.close()
 
-    monkeypatch.setitem(reliability.SCENARIOS, "loses_one", loses_one)
+    monkeypatch.setitem(registry.SCENARIOS, "loses_one", loses_one)
     out = tmp_path / "r.json"
-    code = reliability.main(
+    code = main(
         ["--only", "loses_one", "--fuzz-examples", "0", "--checkpoint", str(demo_dir), "--out", str(out)]
     )
     report = json.loads(out.read_text())

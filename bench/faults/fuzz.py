@@ -10,10 +10,10 @@ Targets (each gets `examples` generated inputs):
 - `render`: vela2.scoring.pipeline.prepare (parse + render_row) on the demo model, checking that every
   accepted row renders at least one sequence, within the model's window for one-question rows.
 
-    .venv/bin/python -m bench.fuzz --examples 500 [--checkpoint DIR] [--out /tmp/fuzz.json]
+    .venv/bin/python -m bench.faults.fuzz --examples 500 [--checkpoint DIR] [--out /tmp/fuzz.json]
 
-`run_fuzz()` is what bench.reliability calls; the report lists inputs tried, accepted, refused and
-crashes (the exception and a truncated repr of the input) per target.
+`run_fuzz()` is what the fault suite (bench.faults.runner) calls; the report lists inputs tried,
+accepted, refused and crashes (the exception and a truncated repr of the input) per target.
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import vela2
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.faults.fuzz", description=__doc__.split("\n\n")[0])
     p.add_argument("--examples", type=int, default=500, help="generated inputs per target")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="checkpoint directory (default: a fresh demo checkpoint)")
