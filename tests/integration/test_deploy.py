@@ -1,9 +1,5 @@
-"""Deployment files: docker-compose.yml, the two Dockerfiles, the KEDA example, the Prometheus config
-and deploy/launch-workers.sh.
-
-No Docker engine runs on the CI machines, so the compose file and the Dockerfiles are checked for
-structure, and the launcher is run for real against a fake `nvidia-smi` and a fake `vela2`.
-"""
+"""deploy/launch-workers.sh run as a process: one worker per GPU (or MIG instance), CUDA_VISIBLE_DEVICES
+respected, SIGTERM and a dying worker stop the set, no GPU refused, every worker's health probed."""
 
 from __future__ import annotations
 
@@ -19,19 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_deploy import _flag
+
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "deploy" / "launch-workers.sh"
 
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def _flag(args: list[str], name: str) -> str:
-    """The value after the last `name` in an argv list."""
-    idx = [i for i, a in enumerate(args) if a == name]
-    assert idx, f"{name} missing from {args}"
-    return args[idx[-1] + 1]
 
 
 # ---------------------------------------------------------------------------------------------

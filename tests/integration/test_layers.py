@@ -1,13 +1,6 @@
-"""The package layering, checked by import inspection.
-
-    vela2 (model library + vela2.wire)  <-  worker   (the GPU side)
-                                        <-  producer (the web / bulk side)
-    worker, producer                    <-  stack    (demo, parity, the process harness)
-
-The producer and the worker talk only through the wire package, so neither imports the other;
-the model library imports neither (nor stack), and the producer and the wire load without torch.
-Every import statement counts, also those inside functions.
-"""
+"""The packages' import cost, checked in a fresh Python process: the producer imports neither torch
+nor celery, the clients and the wire not even numpy, the worker's settings and the harness no
+celery or torch."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
-"""The README's examples run as tests: every fenced block after an `<!-- example: KIND -->` marker.
-
-- `pytest`: a test file a backend can paste; run by pytest in a subprocess with the plugin loaded by
-  its entry point, once on fakeredis and once on a real redis-server (`--vela2-redis-url`);
-- `script`: run as is, with `REDIS_URL` (a fakeredis served on loopback) answered by a FakeWorker;
-- `systemone-request` / `systemone-answer`: the SystemOne example, checked against the validators,
-  the JSON Schemas and what the model's answer to that request looks like.
-"""
+"""The README's examples run as tests (tests/unit/test_readme.py finds them): the `pytest` blocks in a
+pytest subprocess with the plugin loaded by its entry point, once on fakeredis and once on a real
+redis-server; the `script` blocks as they are, answered by a FakeWorker."""
 
 from __future__ import annotations
 
 import gc
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,16 +12,9 @@ from pathlib import Path
 import pytest
 
 from stack.harness import child_env
+from tests.unit.test_readme import examples
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_RE = re.compile(r"<!-- example: ([\w-]+) -->\n```\w+\n(.*?)```", re.DOTALL)
-
-
-def examples(kind: str) -> list[str]:
-    """The README's example blocks of one kind, in order."""
-    found = [code for k, code in EXAMPLE_RE.findall((ROOT / "README.md").read_text(encoding="utf-8")) if k == kind]
-    assert found, f"the README has no example of kind {kind!r}"
-    return found
 
 
 def _run_pytest_examples(tmp_path: Path, *args: str) -> None:

@@ -1,11 +1,5 @@
-"""The README's examples run as tests: every fenced block after an `<!-- example: KIND -->` marker.
-
-- `pytest`: a test file a backend can paste; run by pytest in a subprocess with the plugin loaded by
-  its entry point, once on fakeredis and once on a real redis-server (`--vela2-redis-url`);
-- `script`: run as is, with `REDIS_URL` (a fakeredis served on loopback) answered by a FakeWorker;
-- `systemone-request` / `systemone-answer`: the SystemOne example, checked against the validators,
-  the JSON Schemas and what the model's answer to that request looks like.
-"""
+"""The README's examples that need no process: every marked block has a known kind, and the SystemOne
+example is a valid request with the shape of its answer (the validators, the JSON Schemas)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The wire protocol: everything that travels through Redis between producers and workers.
 
-Both sides import this package and never each other (tests/test_layers.py checks it):
+Both sides import this package and never each other (tests/unit/test_layers.py checks it):
 
 - `keys` — every Redis key and queue name (ours and kombu's);
 - `messages` — Celery protocol-2 messages: building them, and decoding a delivery into requests;

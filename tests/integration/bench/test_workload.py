@@ -1,4 +1,4 @@
-"""bench.workload: the seed's counts and bundles, determinism, copies; bench.gpu_engine end to end on CPU."""
+"""bench.gpu_engine end to end on this CPU (a tiny shape, through its own process)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:  # bench/ is not an installed package; run from the repository
     sys.path.insert(0, str(ROOT))
-
-from bench import workload as wl  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def rows() -> list[dict]:
-    return wl.make_workload(seed=0, copies=1, gold=True)
 
 
 # --- bench.gpu_engine ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`vela2 parity` on the demo checkpoint: every section present, same-precision arms agree."""
+"""`vela2 parity` on the demo checkpoint (a process): every section present, same-precision arms agree."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""`vela2 predict`: one result line per input line, in order, bad lines as well-formed errors next to
-rows and SystemOne requests, `--units` on a long row, stdin / stdout, precisions, exit codes."""
+"""`vela2` subcommands run as processes: a command whose extra is not installed says which, in one line."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""bench.queue_bench end to end on this CPU: the cpu subcommand (ours vs plain Celery), and the gpu and
-multi subcommands with tiny shapes, so that the GPU run works the first time. The three runs start
-together (each its own redis-server and workers) and the tests read their JSON."""
+"""bench.queue_bench's parts that need no process: the gpu defaults, the short rows, the CPU profiles,
+and its options (short help, --help-all, presets, --config)."""
 
 from __future__ import annotations
 

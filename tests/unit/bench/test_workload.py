@@ -1,4 +1,6 @@
-"""bench.workload: the seed's counts and bundles, determinism, copies; bench.gpu_engine end to end on CPU."""
+"""bench.workload: the seed's counts and bundles, determinism, copies, lengths and gold spans; the
+summary, the batch plans and the MFU arithmetic of bench.gpu_engine, the kernel classes of
+bench.gpu_profile."""
 
 from __future__ import annotations
 

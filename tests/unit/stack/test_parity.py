@@ -1,4 +1,4 @@
-"""`vela2 parity` on the demo checkpoint: every section present, same-precision arms agree."""
+"""stack.parity's comparison: decision and span-set diffs counted between two answer sets."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """`vela2 predict`: one result line per input line, in order, bad lines as well-formed errors next to
-rows and SystemOne requests, `--units` on a long row, stdin / stdout, precisions, exit codes."""
+rows and SystemOne requests, `--units`, stdin/stdout, the summary; the packages' subcommands and
+plugins; the default precision."""
 
 from __future__ import annotations
 

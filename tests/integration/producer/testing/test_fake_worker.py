@@ -1,9 +1,8 @@
-"""producer.testing.FakeWorker and the pytest plugin's fixtures: answers stored exactly as the real
-worker stores them, read back by Client, AsyncClient, the HTTP route and Celery's AsyncResult."""
+"""producer.testing.FakeWorker against a real worker: it stores what the real worker stores for the
+same requests; and the pytest plugin's fixtures name the extra when fakeredis has no Lua."""
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -11,26 +10,9 @@ import pytest
 
 from producer import Client
 from producer.testing import FAKE_META_KEY, FakeWorker
+from tests.unit.producer.testing.test_fake_worker import MODEL, QUEUE, ROW, S1, _meta
 from vela2.wire import keys
 from vela2.wire.messages import build_message
-
-MODEL = "vela2-demo"
-QUEUE = keys.online_queue(MODEL)
-ROW = {"id": "r-1", "task": "choice:boolq", "text": "The sky is green.",
-       "questions": [{"question": "Is the sky green?", "options": ["yes", "no"]}]}
-S1 = {"model": MODEL, "id": "s-1", "input": {"user": "Hi, I am Ann (ann@example.com).", "assistant": "Hello Ann."},
-      "tasks": [{"name": "intent", "kind": "choice", "options": ["greet", "ask"]},
-                {"name": "quality", "kind": "score", "options": ["1", "2", "3", "4"]},
-                {"name": "policy", "kind": "set", "options": ["violence", "self-harm"]},
-                {"name": "pii", "kind": "span", "labels": ["person", "email"], "fields": ["user"]},
-                {"name": "topic", "kind": "classify", "labels": ["sports", "politics"]},
-                {"name": "ents", "kind": "extract", "labels": ["company"]}]}
-
-
-def _meta(redis, rid: str) -> dict:
-    raw = redis.get(keys.result_key(rid))
-    assert raw is not None, f"no result stored for {rid!r}"
-    return json.loads(raw)
 
 
 def _comparable(meta: dict) -> dict:

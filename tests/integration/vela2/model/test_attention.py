@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import vela2
+from tests.unit.vela2.model.test_attention import ROW
 from vela2.model import attention
 from vela2.scoring.pipeline import collate, prepare, run_batch
 from vela2.train.demo_model import sample_rows
 
 TOL = 1e-4  # fp32: flex vs sdpa, max |diff| of raw head logits and of probabilities
-ROW = 768  # row_tokens of the model tests: the demo's max_window_tokens, so every sequence (a window) fits a row
 
 
 # --- the mask ------------------------------------------------------------------------------------

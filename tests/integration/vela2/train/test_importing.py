@@ -1,5 +1,4 @@
-"""vela2 import: generated qwen2 / llama directories (single file and sharded) become checkpoints that
-load, compute the same hidden states as transformers, answer, and train; clear errors; peak memory."""
+"""vela2 import streams a sharded checkpoint: its peak memory, measured in a process of its own."""
 
 from __future__ import annotations
 

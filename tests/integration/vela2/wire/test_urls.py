@@ -1,5 +1,4 @@
-"""vela2.wire.urls: the Redis URL from a file, passwords spotted in argv, and the commands that use
-it (worker settings, vela2 backfill, vela2 http)."""
+"""vela2 backfill run as a process takes the Redis URL from a file (no password in argv)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Poison requests: a request that kills its worker process every time ends, after max_attempts
-deliveries, as a "poison" error answer and an entry in the dead-letter list `vela2.<model>.dead`,
-never in an endless redelivery loop; innocent requests that shared its batches are answered.
-
-Unit tests: the engine with a fake pipeline on fakeredis (attempt counters seeded by hand).
-Integration: real redis-server, real worker processes with the test-only crash hook and a short
-visibility timeout, and a supervisor loop in the test restarting the worker after every crash.
-"""
+"""Poison requests with real worker processes: a request that kills every worker that runs it ends,
+after max_attempts deliveries, as a "poison" error answer and an entry in the dead-letter list."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""--log-format json: one JSON object per log line, with the request id where a line is about one."""
+"""--log-format json on a real worker: one JSON object per log line."""
 
 from __future__ import annotations
 

@@ -11,15 +11,11 @@ from prometheus_client import generate_latest
 
 from producer.client import Client
 from stack.harness import free_port
+from tests.unit.worker.obs.test_metrics import scrape
 from vela2.train.demo_model import sample_rows
 from vela2.wire.keys import online_queue
 from vela2.wire.messages import build_message
 from worker.obs.metrics import Metrics
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        return r.read().decode()
 
 
 def value(text: str, name: str, **labels: str) -> float:

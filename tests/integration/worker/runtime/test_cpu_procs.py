@@ -1,5 +1,5 @@
-"""Render / decode processes: the same answers as predict(), rows held between render and decode
-go when dropped, and a process that dies has its rows answered model_error and is replaced."""
+"""Render / decode processes: the same answers as predict(), rows held between render and decode go
+when dropped, and a process that dies has its rows answered and is replaced."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""worker.runtime.device: run_batch in a spawned process of its own gives run_batch's own outputs, reports a
-batch that raises as that batch's error, keeps serving after it, and takes the worker down with its
-own exit code when it dies (what a crash in the worker process itself does)."""
+"""worker.runtime.device: run_batch in a spawned process of its own gives run_batch's own outputs,
+reports a batch that raises as that batch's error, keeps serving after it, and takes the worker down
+with its own exit code when it dies (what a crash in the worker process itself does)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ import textwrap
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from bench.queue_bench import short_rows
 from stack.faults import CRASH_EXIT, Faults
+from tests.unit.worker.runtime.test_device import _batches, _same
 from vela2.config import Vela2Config
 from vela2.errors import ConfigError
-from vela2.scoring.pipeline import prepare, run_batch
+from vela2.scoring.pipeline import run_batch
 from worker.runtime.device import ModelSpec, ProcessDevice
 from worker.runtime.warmup import measure_worst_batch_s
 from worker.settings import EngineSettings
@@ -32,21 +31,6 @@ def _spec(demo_dir: Path, **kw) -> ModelSpec:
 
 def _worst(settings: EngineSettings | None = None):
     return partial(measure_worst_batch_s, settings=settings or EngineSettings(precision="fp32", max_batch_tokens=2048))
-
-
-def _same(left, right) -> None:
-    assert len(left) == len(right)
-    for a, b in zip(left, right, strict=True):
-        assert a.options.keys() == b.options.keys() and a.spans.keys() == b.spans.keys()
-        for q in a.options:
-            np.testing.assert_allclose(a.options[q], b.options[q], rtol=1e-5, atol=1e-6)
-        for q in a.spans:
-            np.testing.assert_allclose(a.spans[q], b.spans[q], rtol=1e-5, atol=1e-6)
-
-
-def _batches(demo_model, prefix: str, n: int = 12, size: int = 4) -> list[list]:
-    seqs = [s for r in short_rows(n, prefix) for s in prepare(demo_model, r).sequences]
-    return [seqs[i : i + size] for i in range(0, len(seqs), size)]
 
 
 def test_process_device_gives_run_batch_outputs_in_order(demo_dir, demo_model):

@@ -12,18 +12,10 @@ import time
 
 from producer.client import Client
 from stack.faults import CRASH_EXIT, Faults
+from tests.unit.worker.transport.test_amqp import BACKFILL, MODEL, ONLINE, ours, row
 from vela2.api.schemas import Status
-from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, attempts_key, backfill_queue, dead_letter, online_queue, result_key
-from vela2.wire.messages import build_message
+from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, attempts_key, dead_letter, result_key
 from worker.obs.metrics import AmqpQueueDepthCollector
-
-MODEL = "vela2-demo"
-TEXT = "The quick brown fox jumps over the lazy dog near the river bank"
-ONLINE, BACKFILL = online_queue(MODEL), backfill_queue(MODEL)
-
-
-def row(rid: str) -> dict:
-    return {"id": rid, "task": "choice:boolq", "text": f"{TEXT} {rid}", "questions": [{"options": ["yes", "no"]}]}
 
 
 def answered(client: Client, ids: list[str]) -> dict[str, dict]:
@@ -198,12 +190,6 @@ def publish_raw(url: str, items: list[tuple[bytes, dict | None, str | None]]) ->
         for body, headers, content_type in items:
             producer.publish(body, exchange="", routing_key=ONLINE, headers=headers, content_type=content_type,
                              content_encoding="binary", declare=[queue], delivery_mode=2)
-
-
-def ours(rid: str, **headers) -> tuple[bytes, dict]:
-    """The body and headers of a message of ours for row(rid), the headers changed by `headers`."""
-    env = json.loads(build_message([row(rid)], ONLINE).payload)
-    return base64.b64decode(env["body"]), {**env["headers"], **headers}
 
 
 def test_deliveries_that_are_no_messages_of_ours_are_answered_or_dead_lettered(redis_url, amqp_url, rabbitmq_vhost,

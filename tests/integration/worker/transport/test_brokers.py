@@ -1,6 +1,5 @@
 """Broker and result store apart: a worker whose queues live on one redis-server and whose results on
-another, the producers pushing to the first and reading the second; bad and unreachable broker URLs
-end the worker with one line naming the URL (password masked)."""
+another; bad and unreachable broker URLs end the worker with one line."""
 
 from __future__ import annotations
 
@@ -9,10 +8,8 @@ import sys
 
 from producer.client import Client
 from stack.harness import ROOT, child_env
+from tests.unit.worker.transport.test_brokers import MODEL, ROW
 from vela2.wire.keys import queue_name, result_key, workers_key
-
-MODEL = "vela2-demo"
-ROW = {"task": "choice:boolq", "text": "The sky is green.", "questions": [{"options": ["yes", "no"]}]}
 
 
 def run_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:

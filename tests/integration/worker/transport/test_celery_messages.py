@@ -1,4 +1,4 @@
-"""Our Celery protocol v2 messages, built without celery, against what celery.send_task writes."""
+"""Our Celery protocol v2 messages against what celery.send_task writes."""
 
 from __future__ import annotations
 
@@ -9,16 +9,9 @@ from datetime import UTC, datetime
 from celery import Celery
 from kombu import Queue
 
-from vela2.wire.keys import TASK_NAME, online_queue
+from tests.unit.worker.transport.test_celery_messages import QUEUE, ROW
+from vela2.wire.keys import TASK_NAME
 from vela2.wire.messages import build_message, parse_expires
-
-QUEUE = online_queue("vela2-demo")
-ROW = {
-    "id": "r-1",
-    "task": "choice:boolq",
-    "text": "The sky is green.",
-    "questions": [{"question": "Is it?", "options": ["yes", "no"]}],
-}
 
 
 def _celery_message(redis_url: str, **options) -> dict:

@@ -12,18 +12,9 @@ import pytest
 import redis as redis_lib
 from kombu import Connection, Consumer, Queue
 
+from tests.unit.worker.transport.test_redis import Q, _take
 from vela2.wire import keys, taking
 from vela2.wire.messages import build_message
-
-Q = keys.online_queue("m")
-ROW = {"id": "r-1", "task": "choice:boolq", "text": "The sky is green.",
-       "questions": [{"question": "Is it?", "options": ["yes", "no"]}]}
-
-
-def _take(r: redis_lib.Redis, lists: list[str], most: int, prefix: str = "p") -> list[tuple[bytes, bytes, bytes]]:
-    reply = r.eval(taking.TAKE_SCRIPT, 2 + len(lists), keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY, *lists,
-                   repr(time.time()), most, prefix)
-    return [tuple(reply[i:i + 3]) for i in range(0, len(reply), 3)]
 
 
 @pytest.fixture
@@ -31,6 +22,10 @@ def r(redis_url):
     client = redis_lib.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+ROW = {"id": "r-1", "task": "choice:boolq", "text": "The sky is green.",
+       "questions": [{"question": "Is it?", "options": ["yes", "no"]}]}
 
 
 def test_a_take_pops_in_priority_order_and_records_each_item_as_held(r):

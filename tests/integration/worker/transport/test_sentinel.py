@@ -20,9 +20,9 @@ import redis
 
 from producer.client import Client
 from stack.harness import ROOT, child_env, free_port
+from tests.unit.worker.transport.test_sentinel import MODEL
 from vela2.wire.keys import queue_name, result_key, workers_key
 
-MODEL = "vela2-demo"
 ROW = {"task": "choice:boolq", "text": "The sky is green.", "questions": [{"options": ["yes", "no"]}]}
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 

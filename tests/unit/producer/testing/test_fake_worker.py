@@ -1,5 +1,6 @@
-"""producer.testing.FakeWorker and the pytest plugin's fixtures: answers stored exactly as the real
-worker stores them, read back by Client, AsyncClient, the HTTP route and Celery's AsyncResult."""
+"""producer.testing.FakeWorker on fakeredis: answers stored exactly as the real worker stores them
+(every kind, errors, chunks, duplicates, expiry, queue items that are no message), answer
+functions, the thread mode, pause and run_until_empty, a take or a drain interrupted by Redis."""
 
 from __future__ import annotations
 

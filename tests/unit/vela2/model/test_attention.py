@@ -1,9 +1,6 @@
-"""Flex attention backend (vela2.model.attention): the BlockMask encodes exactly the tree mask, and on the
-demo model flex gives the sdpa outputs (fp32, <= 1e-4) on packed rows, bundled == single included.
-
-flex_attention runs on CPU through inductor (a C++ kernel per shape, ~5 s to build on 2 cores), so
-the model tests pin every row to 512 tokens (row_tokens = the demo window) to share compiled shapes.
-"""
+"""Flex attention's pieces (vela2.model.attention) that need no compiler: the BlockMask encodes exactly
+the tree mask, skips other sequences, refuses bad shapes; padding to whole tiles; switching the
+backend. (Flex's compiled kernels against sdpa: tests/integration/vela2/model/test_attention.py.)"""
 
 from __future__ import annotations
 

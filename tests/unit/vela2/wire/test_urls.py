@@ -1,5 +1,5 @@
-"""vela2.wire.urls: the Redis URL from a file, passwords spotted in argv, and the commands that use
-it (worker settings, vela2 backfill, vela2 http)."""
+"""vela2.wire.urls: the Redis URL from a file, passwords spotted in argv, masking, sentinel:// URLs and
+their own passwords, and the settings that read them."""
 
 from __future__ import annotations
 

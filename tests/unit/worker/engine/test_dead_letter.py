@@ -1,11 +1,6 @@
-"""Poison requests: a request that kills its worker process every time ends, after max_attempts
-deliveries, as a "poison" error answer and an entry in the dead-letter list `vela2.<model>.dead`,
-never in an endless redelivery loop; innocent requests that shared its batches are answered.
-
-Unit tests: the engine with a fake pipeline on fakeredis (attempt counters seeded by hand).
-Integration: real redis-server, real worker processes with the test-only crash hook and a short
-visibility timeout, and a supervisor loop in the test restarting the worker after every crash.
-"""
+"""Poison requests, engine level (a fake pipeline, fakeredis): attempts counted then forgotten, a
+suspect runs alone, a request past max_attempts is dead-lettered and answered "poison", a warm stop
+gives back the attempts of what it returns."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""--log-format json: one JSON object per log line, with the request id where a line is about one."""
+"""--log-format json: a record about a request carries its id."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The metrics endpoint of a real worker process: names, counts, queue depth, padding."""
+"""Worker metrics without a process: the padding fraction follows the row layout, the endpoint binds
+loopback unless told otherwise, every metric exported is in the README."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Render / decode processes: the same answers as predict(), rows held between render and decode
-go when dropped, and a process that dies has its rows answered model_error and is replaced."""
+"""Render / decode processes' bookkeeping without a process: a long work list answers in chunks."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""worker.runtime.device: run_batch in a spawned process of its own gives run_batch's own outputs, reports a
-batch that raises as that batch's error, keeps serving after it, and takes the worker down with its
-own exit code when it dies (what a crash in the worker process itself does)."""
+"""worker.runtime.device in this process: launch then collect equals run_batch; the thread device gives
+run_batch's own outputs."""
 
 from __future__ import annotations
 

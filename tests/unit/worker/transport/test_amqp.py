@@ -1,8 +1,4 @@
-"""RabbitMQ as broker (amqp://, quorum queues), results in Redis: a real worker process against the
-local RabbitMQ (a throwaway vhost, tests/integration/conftest.py) and a fixture redis-server. Ack after store,
-warm shutdown, redelivery of a killed worker's messages, the prefetch bound, online before backfill
-under a backlog, poison requests dead-lettered, deliveries that are no messages of ours answered or
-dead-lettered."""
+"""RabbitMQ triage without a broker: a refused delivery is rewritten so the engine answers it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Broker and result store apart: a worker whose queues live on one redis-server and whose results on
-another, the producers pushing to the first and reading the second; bad and unreachable broker URLs
-end the worker with one line naming the URL (password masked)."""
+"""Broker and result store apart, on fakeredis: the client pushes to the broker and claims in the
+result store."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Our Celery protocol v2 messages, built without celery, against what celery.send_task writes."""
+"""Our Celery protocol v2 messages, built without celery: a chunk carries each row under its own id,
+ids match what the library gives, refusals name the limit."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""The worker's channel against a real redis-server: a take pops and records in one step, in
-priority order, bounded by the QoS credit; a restore puts the exact item back; nothing is taken
-while Redis is full; a kombu consumer on the channel gets every message, waits for new ones, and
-gives back what it did not ack."""
+"""The worker's take and restore scripts on fakeredis, and how held records tell ours from kombu's."""
 
 from __future__ import annotations
 
 import json
 import time
 
-import pytest
 import redis as redis_lib
 
 from vela2.wire import keys, taking
@@ -20,13 +16,6 @@ def _take(r: redis_lib.Redis, lists: list[str], most: int, prefix: str = "p") ->
     reply = r.eval(taking.TAKE_SCRIPT, 2 + len(lists), keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY, *lists,
                    repr(time.time()), most, prefix)
     return [tuple(reply[i:i + 3]) for i in range(0, len(reply), 3)]
-
-
-@pytest.fixture
-def r(redis_url):
-    client = redis_lib.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def test_the_scripts_run_on_fakeredis_too():

@@ -1,7 +1,4 @@
-"""Redis Sentinel: a sentinel:// URL for the result store and the broker, on every side, against a
-real master, replica and sentinels (tests/support/sentinel_cluster.py); bad sentinel URLs end the worker
-with one line; and a failover during a run, measured: what the old master acknowledged and never
-replicated is lost (counted, then recovered by resubmitting the same ids), what ran twice is counted."""
+"""Redis Sentinel URLs without a sentinel: the worker app and the client are built for them."""
 
 from __future__ import annotations
 
