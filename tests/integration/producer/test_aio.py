@@ -78,10 +78,13 @@ def test_concurrent_tasks_share_polls_and_never_block_the_loop(redis_url, fake_w
         assert ("tasks" in answer) == (i % 5 == 0)  # SystemOne requests get the SystemOne answer
     assert worker.requests == 60
     # The loop kept turning while 60 coroutines waited 2 s or more each (a blocking wait would
-    # leave a gap of the whole wait), and one MGET per poll served all of them.
+    # leave a gap of the whole wait), and one MGET per poll served all of them: a wait of its own
+    # would poll each of them at least 2 s / POLL_MAX_S = 20 times, 1,200 in all; shared, a few per
+    # waiter at most (each new waiter restarts the pause at POLL_MIN_S: on a loaded machine, where
+    # the submits spread out, 81 were seen).
     gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
     assert len(ticks) >= 20 and max(gaps) < 1.0, (len(ticks), max(gaps))
-    assert polls < 60, polls
+    assert polls < 3 * 60, polls
 
 
 def test_timeouts_and_missing_results(redis_url):
