@@ -67,14 +67,14 @@ def run_engine(redis, rows: list[dict], **settings) -> tuple[Engine, Pipeline, l
         EngineSettings(**{"max_batch_tokens": 4096, "max_wait_ms": 20.0, "render_threads": 1, **settings}),
         pipeline=pipe,
     )
-    engine.start()
     acked: list[str] = []
-    for r in rows:
+    for r in rows:  # all delivered before the engine starts: its first turn takes them together
         msg = build_message([r], "vela2.fake")
         env = json.loads(msg.payload)
         engine.submit(
             Delivery(env["headers"], base64.b64decode(env["body"]), ack=lambda i=msg.id: acked.append(i), reject=None)
         )
+    engine.start()
     deadline = time.monotonic() + 20
     while len(acked) < len(rows):
         assert time.monotonic() < deadline, f"{acked} acked of {len(rows)}"
