@@ -4,12 +4,16 @@
         rid = await client.submit(request)
         answer = await client.answer(rid, timeout_s=10)
 
-Waiting never blocks the event loop: one background task per client (the poller) reads the
-result keys and submitted markers of every id any coroutine waits on with ONE MGET per poll
-(redis.asyncio), resolves their futures, and sleeps with asyncio in between. The pause starts at
-`poll_min_s`, doubles up to `poll_max_s` while nothing arrives, and drops back when a result
-arrives or a new waiter joins, so a thousand concurrent `answer()` calls cost one MGET per pause,
-not a thousand GETs. Validation and message building are producer.prepare's (`prepare_request`,
+Waiting never blocks the event loop and does not wait for a poll: a waited-on id's result key
+channel is subscribed on one pub/sub connection per client (the worker PUBLISHes each result as it
+stores it), so an answer resolves its future the moment it is stored. Beside it one background task
+(the poller) reads the result keys and submitted markers of every id any coroutine waits on with
+ONE MGET per poll (redis.asyncio): results stored before the subscription, expired answers, and a
+message lost with a dropped connection. Its pause starts at `poll_min_s`, doubles up to
+`poll_max_s` while nothing arrives, and drops back when a result arrives or a new waiter joins, so
+a thousand concurrent `answer()` calls cost one MGET per pause, not a thousand GETs. Where the
+server refuses SUBSCRIBE (an ACL user without channel rights) the client polls only.
+Validation and message building are producer.prepare's (`prepare_request`,
 `pack_messages`), and so are the states and terminal outcomes: submissions are tracked by default;
 an id whose answer expired from the result store makes `result` / `answer` raise
 `vela2.errors.ResultExpired` at once and maps to an error result of type "result_expired" in
@@ -50,7 +54,7 @@ from producer.waiting import check_timeout
 from vela2.api.schemas import RowResult
 from vela2.wire import tracing
 from vela2.wire.connections import async_redis_client
-from vela2.wire.keys import is_amqp_url, queue_name, submitted_key
+from vela2.wire.keys import RESULT_PREFIX, is_amqp_url, queue_name, result_key, submitted_key
 from vela2.wire.messages import Message, deadline_to_expires
 from vela2.wire.results import (
     DEFAULT_SUBMITTED_TTL_S,
@@ -64,6 +68,7 @@ from vela2.wire.results import (
 
 POLL_MIN_S = 0.005  # first pause after a poll that found nothing
 POLL_MAX_S = 0.1  # longest pause while waiting (the latency added to a late result)
+LISTEN_S = 0.05  # the pub/sub listener's longest read: aclose() waits at most this for it
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +124,13 @@ class _Poller:
         self.min_s = min_s
         self.max_s = max_s
         self.polls = 0  # MGET round trips so far (tests read it)
+        self.pushed = 0  # results that came as pub/sub messages (tests read it)
         self._waiting: dict[str, list[asyncio.Future]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._pubsub: Any = None  # the result channels' subscription (None: not yet, or refused)
+        self._push_off = False  # SUBSCRIBE failed once: poll only from then on
+        self._listener: asyncio.Task | None = None
 
     async def wait(self, ids: Iterable[str], timeout_s: float | None) -> dict[str, Any]:
         """id -> raw stored meta, EXPIRED for an id whose answer expired, or None for ids with no
@@ -129,15 +138,19 @@ class _Poller:
         redis.ConnectionError)."""
         loop = asyncio.get_running_loop()
         futures = {rid: loop.create_future() for rid in dict.fromkeys(ids)}
+        fresh = [rid for rid in futures if rid not in self._waiting]
         for rid, fut in futures.items():
             self._waiting.setdefault(rid, []).append(fut)
-        self._wake.set()
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="vela2-result-poller")
         try:
+            # subscribed before the poll below reads them: a result stored after that poll is pushed
+            await self._subscribe(fresh)
+            self._wake.set()
+            if self._task is None or self._task.done():
+                self._task = asyncio.create_task(self._run(), name="vela2-result-poller")
             if futures:
                 await asyncio.wait(list(futures.values()), timeout=timeout_s)
         finally:
+            done = []
             for rid, fut in futures.items():
                 waiters = self._waiting.get(rid)
                 if waiters is not None and fut in waiters:
@@ -146,10 +159,74 @@ class _Poller:
                         del self._waiting[rid]
                 if not fut.done():
                     fut.cancel()
+                if rid not in self._waiting:
+                    done.append(rid)
+            await self._unsubscribe(done)
         errors = [e for fut in futures.values() if not fut.cancelled() and (e := fut.exception()) is not None]
         if errors:
             raise errors[0]
         return {rid: None if fut.cancelled() else fut.result() for rid, fut in futures.items()}
+
+    def _resolve(self, rid: str, value: Any) -> None:
+        for fut in self._waiting.pop(rid, []):
+            if not fut.done():
+                fut.set_result(value)
+
+    async def _subscribe(self, ids: list[str]) -> None:
+        """Subscribe the result channels of `ids` (the first call opens the pub/sub connection and
+        its listener); a refusal or an error turns pushing off, the poller still finds every result."""
+        if self._push_off or not ids:
+            return
+        try:
+            if self._pubsub is None:
+                self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            await self._pubsub.subscribe(*(result_key(rid) for rid in ids))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # NOPERM (an ACL user without channel rights), a server without pub/sub
+            log.debug("result channels not subscribed (%s: %s); polling only", type(e).__name__, e)
+            await self._stop_push()
+            return
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.create_task(self._listen(), name="vela2-result-listener")
+
+    async def _unsubscribe(self, ids: list[str]) -> None:
+        if self._pubsub is None or self._push_off or not ids:
+            return
+        try:
+            await self._pubsub.unsubscribe(*(result_key(rid) for rid in ids))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the connection broke: the listener turns pushing off
+            pass
+
+    async def _listen(self) -> None:
+        """Resolve each waited-on id whose result is published (the stored result itself)."""
+        try:
+            while (pubsub := self._pubsub) is not None:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=LISTEN_S)
+                if msg is None or msg.get("type") != "message":
+                    continue
+                channel = msg["channel"]
+                rid = (channel.decode() if isinstance(channel, bytes) else channel).removeprefix(RESULT_PREFIX)
+                if rid in self._waiting:
+                    self.pushed += 1
+                    self._resolve(rid, msg["data"])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the connection broke: from here the poller alone finds results
+            log.debug("result listener stopped (%s: %s); polling only", type(e).__name__, e)
+            self._pubsub, pubsub = None, self._pubsub
+            self._push_off = True
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def _stop_push(self) -> None:
+        self._push_off = True
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
 
     async def _run(self) -> None:
         pause = self.min_s
@@ -174,9 +251,7 @@ class _Poller:
                 value = EXPIRED if state_of(raw, marker) == "expired" else raw
                 if value is not None:
                     found = True
-                    for fut in self._waiting.pop(rid, []):
-                        if not fut.done():
-                            fut.set_result(value)
+                    self._resolve(rid, value)
             pause = self.min_s if found else min(pause * 2, self.max_s)
             if self._waiting:
                 with contextlib.suppress(TimeoutError):
@@ -193,6 +268,15 @@ class _Poller:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        # the listener ends by itself within LISTEN_S once the subscription is gone (a read cancelled
+        # inside fakeredis's pub/sub would leave its reader behind and hang the loop's shutdown)
+        self._pubsub, pubsub = None, self._pubsub
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
 
 
 class AsyncClient:

@@ -39,7 +39,12 @@ class EngineSettings:
     """The batching engine's knobs (worker.engine.loop)."""
 
     max_batch_tokens: int = setting(DEFAULT_MAX_BATCH_TOKENS, "padded tokens (longest x count) per device batch")
-    max_wait_ms: float = setting(20.0, "longest a request waits for company before its bucket flushes")
+    max_wait_ms: float = setting(
+        20.0, "longest an online request waits for company while company is on its way (requests in render), "
+        "and backfill alone for a full batch; a free device takes online work at once otherwise")
+    target_p99_ms: float = setting(
+        0.0, "cap each batch at the tokens the device runs in a third of this (a request waits at most a running "
+        "batch and its own): lower latency for less throughput; 0: batches up to max_batch_tokens")
     precision: str | None = setting(
         None, "run_batch precision (bf16, fp32, or fp8: opt-in); default bf16 on CUDA, fp32 elsewhere",
         choices=PRECISIONS)
@@ -187,7 +192,8 @@ class WorkerSettings:
                      "max_message_bytes", "attempts_ttl_s"):
             if _get(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1; got {_get(self, name)}")
-        for name in ("max_wait_ms", "shutdown_timeout_s", "row_tokens", "metrics_port", "redis_wait_s"):
+        for name in ("max_wait_ms", "target_p99_ms", "shutdown_timeout_s", "row_tokens", "metrics_port",
+                     "redis_wait_s"):
             if _get(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0; got {_get(self, name)}")
         if self.engine.cpu_processes < -1:

@@ -362,6 +362,37 @@ class FusedDecoder:
         return graph, ids, pos, dense, out
 
 
+def traffic_shapes(row_tokens: int | None) -> list[tuple[int, int]]:
+    """The (rows, padded length) shapes of replayed batches that traffic makes, smallest first, at
+    most GRAPH_MAX_COUNT: with packed rows of `row_tokens`, every row count and length they can pad
+    to within GRAPH_MAX_TOKENS; without, a lone sequence of every length (one request alone: the
+    latency case; bigger unpacked batches are captured when they first come)."""
+    widest = min(row_tokens or GRAPH_MAX_TOKENS, GRAPH_MAX_TOKENS)
+    most_rows = max(1, GRAPH_MAX_TOKENS // widest) if row_tokens else 1
+    shapes = [(rows, length) for rows in range(1, most_rows + 1)
+              for length in range(GRAPH_BUCKET, graph_length(widest) + 1, GRAPH_BUCKET)
+              if rows * length <= GRAPH_MAX_TOKENS]
+    return sorted(shapes, key=lambda s: s[0] * s[1])[:GRAPH_MAX_COUNT]
+
+
+def capture_traffic_graphs(model: Any, precision: str, row_tokens: int | None) -> int:
+    """Capture now, in one pass, the CUDA graphs of every shape in `traffic_shapes` (a worker's
+    warm-up: else each new shape of live traffic paid a capture, ~0.2 s, on the H200 a storm of 32
+    in the first minute after ready). Returns how many were captured (0 off CUDA, under flex, or on
+    a backbone FusedDecoder does not handle)."""
+    engine = decoder(model, precision)
+    if engine is None or model.device.type != "cuda" or model.attn != "sdpa" or not GRAPH_MAX_TOKENS:
+        return 0
+    new = 0
+    with torch.inference_mode():  # as run_batch serves: the graphs are keyed by it
+        for rows, length in traffic_shapes(row_tokens):
+            key = (rows, length, precision, True)
+            if key not in engine._graphs and len(engine._graphs) < GRAPH_MAX_COUNT:
+                engine._graphs[key] = engine._capture(rows, length, precision, model.device)
+                new += 1
+    return new
+
+
 def graph_length(length: int) -> int:
     """The row length a batch of rows of `length` tokens is replayed at (a multiple of GRAPH_BUCKET)."""
     return -(-length // GRAPH_BUCKET) * GRAPH_BUCKET

@@ -21,7 +21,7 @@ from vela2.errors import ModelError
 from vela2.model import staging
 from vela2.model.calibration import choice_probs, expected_value, sigmoid
 from vela2.model.modeling import HeadInputs, Vela2Model
-from vela2.text.packing import plan_rows
+from vela2.text.packing import balance_rows, plan_rows
 from vela2.text.rendering import RenderedRow, Sequence, render_digest, render_row
 from vela2.text.spans import span_answer
 
@@ -80,7 +80,9 @@ def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_to
     then HeadInputs and the layout of each sequence's outputs (in the order of `sequences`).
     """
     lengths = [s.num_tokens for s in sequences]
-    rows = [[i] for i in range(len(sequences))] if row_tokens is None else plan_rows(lengths, row_tokens)
+    # packed rows: first-fit decides how many, then balanced (sdpa pads each row to the fullest)
+    rows = ([[i] for i in range(len(sequences))] if row_tokens is None
+            else balance_rows(plan_rows(lengths, row_tokens), lengths))
     place = {}  # sequence index -> (row, offset)
     for r, members in enumerate(rows):
         offset = 0

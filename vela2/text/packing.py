@@ -6,6 +6,8 @@ metrics; no torch, so the batching code imports it without the model stack.
 
 from __future__ import annotations
 
+import heapq
+
 
 def pack(lengths: list[int], max_batch_tokens: int, row_tokens: int | None = None) -> list[list[int]]:
     """Token-budget packing: indices grouped into batches whose padded cost stays within
@@ -85,3 +87,22 @@ def plan_rows(lengths: list[int], row_tokens: int) -> list[list[int]]:
             rows.append([i])
             free.append(max(0, row_tokens - lengths[i]))
     return rows
+
+
+def balance_rows(rows: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    """The sequences of `rows` spread over as many rows, longest first into the emptiest (LPT), when
+    that shortens the fullest row; else `rows` unchanged. sdpa pads every row of a batch to its
+    fullest, and first-fit leaves the last row part empty: 3.4 rows of work padded to 4 full rows.
+    Balanced, the same rows are each ~3.4/4 full and the batch is padded ~15% less (one H200, 9B
+    shape: a batch pays ~26 us per padded token). A balanced row is never fuller than the fullest
+    first-fit row, so the budget `padded_tokens` charges still bounds it."""
+    if len(rows) < 2:
+        return rows
+    fullest = max(sum(lengths[i] for i in row) for row in rows)
+    out: list[list[int]] = [[] for _ in rows]
+    heap = [(0, r) for r in range(len(rows))]  # (fill, row): the emptiest row on top
+    for i in sorted((i for row in rows for i in row), key=lambda i: (-lengths[i], i)):
+        fill, r = heapq.heappop(heap)
+        out[r].append(i)
+        heapq.heappush(heap, (fill + lengths[i], r))
+    return out if max(fill for fill, _ in heap) < fullest else rows

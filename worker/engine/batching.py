@@ -2,9 +2,12 @@
 
 Sequences wait in buckets of similar length (edges 4 per power of two, so padding inside a bucket
 wastes under 25%). A bucket yields a batch when its padded tokens reach `max_batch_tokens` (a full
-batch) or when its oldest sequence has waited `max_wait_s` (then the bucket empties, oldest batch
-first). Among ready batches, one holding an online request (priority 0) goes before backfill-only
-ones (priority 1), then the one whose oldest sequence waited longest. Batches are packed with
+batch), when its oldest sequence has waited `max_wait_s` (then the bucket empties, oldest batch
+first), or, when the scheduler says online work goes now (`online_now`: the device is free and no
+company is on its way, or the running batch is about to end), when it holds an online sequence.
+Among ready batches, one holding an online request (priority 0) goes before backfill-only ones
+(priority 1), then the one whose oldest sequence waited longest. A pop may take a smaller budget
+than `max_batch_tokens` (the scheduler's latency target). Batches are packed with
 `vela2.text.packing.pack`, the one implementation of the budget rule:
 padded cost = longest x count <= max_batch_tokens; a sequence over the budget runs alone.
 
@@ -70,6 +73,7 @@ class Buckets(Generic[T]):
         self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_s
         self._buckets: dict[int, list[Waiting[T]]] = {}
+        self.online = 0  # waiting sequences of priority 0
 
     def __len__(self) -> int:
         return sum(len(b) for b in self._buckets.values())
@@ -78,20 +82,21 @@ class Buckets(Generic[T]):
         """Queue one sequence of `tokens` tokens whose request arrived at `since`."""
         key = 0 if self.row_tokens else bucket_of(tokens)  # packed rows: one shared bucket
         self._buckets.setdefault(key, []).append(Waiting(value, tokens, since, priority))
+        self.online += priority == 0
 
     def next_deadline(self) -> float | None:
         """When the oldest waiting sequence reaches max_wait (None when nothing waits)."""
         oldest = [min(w.since for w in b) for b in self._buckets.values() if b]
         return min(oldest) + self.max_wait_s if oldest else None
 
-    def _full(self, batch: list[Waiting[T]]) -> bool:
+    def _full(self, batch: list[Waiting[T]], budget: int) -> bool:
         longest = max(w.tokens for w in batch)
         if self.row_tokens:
             # rows are planned first-fit: ask the packer whether one more as long still fits
-            return len(pack([w.tokens for w in batch] + [longest], self.max_batch_tokens, self.row_tokens)) > 1
-        return longest * (len(batch) + 1) > self.max_batch_tokens  # no room for one more as long
+            return len(pack([w.tokens for w in batch] + [longest], budget, self.row_tokens)) > 1
+        return longest * (len(batch) + 1) > budget  # no room for one more as long
 
-    def _may_fill(self, items: list[Waiting[T]]) -> bool:
+    def _may_fill(self, items: list[Waiting[T]], budget: int) -> bool:
         """Cheap test before packing: could these sequences fill a batch at all?"""
         if self.row_tokens:
             # First-fit leaves at most one row half empty or worse, so n sequences (plus the one
@@ -99,32 +104,38 @@ class Buckets(Generic[T]):
             # means no batch of them can be full yet.
             longest = max(w.tokens for w in items)
             capacity = max(self.row_tokens, longest)
-            per_batch = max(1, self.max_batch_tokens // capacity)
+            per_batch = max(1, budget // capacity)
             return 2 * (sum(w.tokens for w in items) + longest) / capacity + 1 > per_batch
-        return max(w.tokens for w in items) * len(items) >= self.max_batch_tokens
+        return max(w.tokens for w in items) * len(items) >= budget
 
-    def _candidate(self, items: list[Waiting[T]], now: float, flush: bool, full_only: bool) -> list[int] | None:
-        """Indices (into `items`) of the batch this bucket would hand out now, or None."""
-        oldest = min(w.since for w in items)
-        aged = not full_only and (flush or oldest + self.max_wait_s <= now)
-        if not aged and not self._may_fill(items):
-            return None  # neither full nor old: keep waiting for company
-        batches = pack([w.tokens for w in items], self.max_batch_tokens, self.row_tokens)
-        if not aged:
-            batches = [b for b in batches if self._full([items[i] for i in b])]
+    def _candidate(self, items: list[Waiting[T]], ready: bool, budget: int) -> list[int] | None:
+        """Indices (into `items`) of the batch this bucket would hand out now, or None. `ready`: the
+        bucket may go as it is (old enough, flushed, or online work that goes now); else only a full
+        batch goes."""
+        if not ready and not self._may_fill(items, budget):
+            return None  # neither full nor ready: keep waiting for company
+        batches = pack([w.tokens for w in items], budget, self.row_tokens)
+        if not ready:
+            batches = [b for b in batches if self._full([items[i] for i in b], budget)]
         if not batches:
             return None
         return min(batches, key=lambda b: _urgency([items[i] for i in b]))
 
-    def pop_batch(self, now: float, *, flush: bool = False, full_only: bool = False) -> list[T] | None:
+    def pop_batch(self, now: float, *, flush: bool = False, full_only: bool = False, online_now: bool = False,
+                  budget: int | None = None) -> list[T] | None:
         """Remove and return the most urgent ready batch (its oldest sequence waited longest), or
-        None when no bucket is full or old enough. `flush`: every bucket counts as old (shutdown);
-        `full_only`: only a full batch, however old (the next batch queued behind a running one)."""
+        None when no bucket is ready. `flush`: every bucket counts as old (shutdown); `full_only`:
+        age makes no bucket ready (the next batch queued behind a running one); `online_now`: a
+        bucket holding an online sequence is ready; `budget`: padded tokens of this batch (default,
+        and at most, max_batch_tokens)."""
+        budget = self.max_batch_tokens if budget is None else max(1, min(budget, self.max_batch_tokens))
         best: tuple[tuple[int, float], int, list[int]] | None = None
         for key, items in self._buckets.items():
             if not items:
                 continue
-            chosen = self._candidate(items, now, flush, full_only)
+            aged = not full_only and (flush or min(w.since for w in items) + self.max_wait_s <= now)
+            ready = aged or (online_now and any(w.priority == 0 for w in items))
+            chosen = self._candidate(items, ready, budget)
             if chosen is None:
                 continue
             urgency = _urgency([items[i] for i in chosen])
@@ -136,6 +147,7 @@ class Buckets(Generic[T]):
         items = self._buckets[key]
         taken = set(chosen)
         batch = [items[i].value for i in chosen]
+        self.online -= sum(items[i].priority == 0 for i in chosen)
         self._buckets[key] = [w for i, w in enumerate(items) if i not in taken]
         if not self._buckets[key]:
             del self._buckets[key]
@@ -151,6 +163,7 @@ class Buckets(Generic[T]):
                     kept.append(w)
                 else:
                     dropped.append(w.value)
+                    self.online -= w.priority == 0
             if kept:
                 self._buckets[key] = kept
             else:
@@ -161,4 +174,5 @@ class Buckets(Generic[T]):
         """Remove and return everything waiting."""
         out = [w.value for b in self._buckets.values() for w in b]
         self._buckets.clear()
+        self.online = 0
         return out

@@ -34,12 +34,14 @@ class CpuWork:
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="vela2-cpu")
         self._in_cpu: dict[int, Request] = {}  # key -> request with work (or a rendered row) in a process
         self._keys = itertools.count(1)
+        self.in_render = 0  # requests sent to render whose render has not come back (engine thread only)
         if cpu is not None:
             cpu.on_done = self._cpu_done
 
     def render(self, req: Request) -> None:
         """Validate and render `req` (a "prepared" event, or a "cpu" one from a process); call
         flush() after a run of these."""
+        self.in_render += 1
         if self.cpu is not None:
             req.key = next(self._keys)
             self._in_cpu[req.key] = req
@@ -68,10 +70,9 @@ class CpuWork:
         if self.cpu is not None and self._in_cpu.pop(req.key, None) is not None:
             self.cpu.drop(req.key)
 
-    @property
-    def rendering(self) -> int:
-        """Requests in the processes' render now."""
-        return sum(1 for r in self._in_cpu.values() if r.prep is None)
+    def rendered(self) -> None:
+        """(engine thread) a render came back (a "prepared" event, or its process's reply)."""
+        self.in_render -= 1
 
     def on_cpu(self, op: str, key: int, fut: Future) -> tuple[str, Request, Future] | None:
         """(engine thread) What a process's reply means: ("prepared" | "finished" | "failed", the
@@ -79,6 +80,8 @@ class CpuWork:
         req = self._in_cpu.get(key)
         if req is None:
             return None
+        if op == "render" or (op == "lost" and req.prep is None and not req.decoding):
+            self.rendered()
         if op == "render" and not fut.exception() and not req.closed:
             return "prepared", req, fut  # rendered: the row stays in its process until decoded
         del self._in_cpu[key]

@@ -12,9 +12,10 @@ loop turn:
 3. intake opens waiting deliveries and sends their requests to render, ahead of the device;
 4. the outbox stores new results in one pipelined round trip, then acks every message whose
    requests all have a stored result (never earlier);
-5. when the device is free, the scheduler starts the most urgent ready batch (a full bucket, or one
-   whose oldest request waited max_wait_ms); while it runs, the next batch goes behind it once it
-   is full, and this thread goes on turning (intake, renders, stores).
+5. when the device is free, the scheduler starts the most urgent ready batch (online work at once
+   unless more is on its way; see worker.engine.scheduler); while it runs, the next batch goes
+   behind it just before it ends (or at once when full), and this thread goes on turning (intake,
+   renders, stores).
 
 Rows' windows may land in different batches. Timings per request: queue_ms (message received ->
 its first batch starts), render_ms, model_ms (batches that carried it), decode_ms.
@@ -39,6 +40,7 @@ from vela2.config import default_precision
 from vela2.wire import keys
 from vela2.wire.results import ResultStore
 from worker.engine.attempts import Attempts
+from worker.engine.cost import BatchCost
 from worker.engine.cpu_work import CpuWork, lost_error
 from worker.engine.intake import Intake
 from worker.engine.outbox import Outbox
@@ -58,7 +60,10 @@ TURN_EVENTS = 512
 
 
 class Engine:
-    """Buffer -> render (CPU threads) -> length buckets -> device batches -> decode -> store -> ack."""
+    """Buffer -> render (CPU threads) -> length buckets -> device batches -> decode -> store -> ack.
+
+    `cost_seed`: (padded tokens, device seconds) of batches measured before serving (the warm-up's
+    worst batch), where the scheduler's cost model starts (worker.engine.cost)."""
 
     def __init__(
         self,
@@ -75,6 +80,7 @@ class Engine:
         cpu: Any = None,
         device: Any = None,
         tracing: Any = None,
+        cost_seed: list[tuple[int, float]] | None = None,
     ):
         if pipeline is None:
             import vela2.scoring.pipeline as pipeline  # the model stack; tests inject a fake
@@ -103,8 +109,13 @@ class Engine:
                              dead_key=keys.dead_letter(getattr(model, "name", None) or "unknown"), leases=leases,
                              release_held=release_held, on_stored=on_stored, tracing=tracing)
         self.scheduler = Scheduler(settings, store, attempts, self.device, self.outbox, self.cpu_work, self.stats,
-                                   self.metrics, clock, self._events.put, tracing)
+                                   self.metrics, clock, self._events.put, tracing, self._company_coming,
+                                   BatchCost(cost_seed or ()))
         self.intake = Intake(settings, store, self.outbox, self.scheduler, self.cpu_work, clock, tracing)
+
+    def _company_coming(self) -> bool:
+        """Requests on their way to the buckets: taken and not opened yet, or in render."""
+        return bool(self.intake.backlog) or self.cpu_work.in_render > 0
 
     # --- the outside: consumer thread and lifecycle ---------------------------------------------
 
@@ -233,6 +244,7 @@ class Engine:
             if kind == "delivery":
                 self.intake.backlog.append(payload[0])
             elif kind == "prepared":
+                self.cpu_work.rendered()
                 self.intake.rendered(*payload)
             elif kind == "finished":
                 self._finished(*payload)

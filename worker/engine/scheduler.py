@@ -1,8 +1,21 @@
-"""The engine's scheduler: rendered sequences wait in length buckets (worker.engine.batching); when
-the device has room the most urgent ready batch goes to it (worker.runtime.device: a thread, or the
-device process), at most MAX_IN_FLIGHT at once. A batch that raises (CUDA OOM included) is split in
-halves and retried; a sequence that fails alone fails only its row (model_error). When every
-sequence of a row has run, the row goes to decoding (worker.engine.cpu_work).
+"""The engine's scheduler: rendered sequences wait in length buckets (worker.engine.batching) and go
+to the device (worker.runtime.device: a thread, or the device process) in batches, at most
+MAX_IN_FLIGHT at once: the running one and the next, staged behind it.
+
+When a batch goes (latency first, throughput when there is work for it):
+- the device is free: online work goes at once, unless requests are on their way to it (in render,
+  or taken and not yet opened): those are waited for, at most max_wait_ms from the oldest arrival;
+  backfill alone waits for a full batch or max_wait_ms, so bulk work still fills big batches;
+- a batch is running: a full batch goes behind it at once; online work otherwise goes behind it
+  just before it ends (`_stage_at`: its predicted end less the runner's launch time and the cost
+  model's recent error, from worker.engine.cost), so the next batch is collated and launched while
+  the device works, takes every request that arrived meanwhile, and starts the moment the device
+  frees;
+- settings.target_p99_ms caps every batch at the tokens the device runs in a third of it.
+
+A batch that raises (CUDA OOM included) is split in halves and retried; a sequence that fails alone
+fails only its row (model_error). When every sequence of a row has run, the row goes to decoding
+(worker.engine.cpu_work).
 
 Poison requests (a request that kills the worker process itself): before its first batch in a
 delivery a request's attempt is counted (worker.engine.attempts); a suspect runs alone once nothing
@@ -28,6 +41,7 @@ from vela2.wire.jobs import CANCELLED_MESSAGE
 from vela2.wire.results import ResultStore, dead_letter_entry
 from worker.engine.attempts import Attempts, Verdict
 from worker.engine.batching import Buckets
+from worker.engine.cost import BatchCost
 from worker.engine.cpu_work import CpuWork
 from worker.engine.outbox import Outbox
 from worker.engine.stats import EngineStats
@@ -39,6 +53,10 @@ from worker.settings import EngineSettings
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 2  # batches handed to the device at once: the running one and the next
+# the next batch goes behind the running one this long before the runner must have it (the engine
+# loop's own turn, a pipe's trip: what the launch time measured by the cost model does not hold)
+STAGE_MARGIN_S = 0.003
+P99_BATCHES = 3  # target_p99_ms: a request waits for at most a running batch, then rides one: a third each
 
 
 class Scheduler:
@@ -46,16 +64,20 @@ class Scheduler:
 
     def __init__(self, settings: EngineSettings, store: ResultStore, attempts: Attempts, device: Any,
                  outbox: Outbox, cpu_work: CpuWork, stats: EngineStats, metrics: Metrics,
-                 clock: Callable[[], float], post: Callable[[tuple[Any, ...]], None], tracing: Any = None):
+                 clock: Callable[[], float], post: Callable[[tuple[Any, ...]], None], tracing: Any = None,
+                 company: Callable[[], bool] = lambda: False, cost: BatchCost | None = None):
         self.settings, self.store, self.attempts, self.device = settings, store, attempts, device
         self.outbox, self.cpu_work, self.stats, self.metrics = outbox, cpu_work, stats, metrics
         self.clock, self._post, self.tracing = clock, post, tracing
+        self.company = company  # whether requests are on their way to the buckets (in render, not yet opened)
+        self.cost = cost or BatchCost()
         self.buckets: Buckets[Seq] = Buckets(
             settings.max_batch_tokens, settings.max_wait_ms / 1e3, row_tokens=settings.row_tokens or None
         )
         # the batches handed to the device, oldest (running) first: at most MAX_IN_FLIGHT, the next
-        # one only when full, so the device starts it the moment the running one ends
+        # staged behind the running one, so the device starts it the moment the running one ends
         self.in_flight: list[list[Seq]] = []
+        self.ends: list[float] = []  # each in-flight batch's predicted end on the device (clock seconds)
         self.retry: list[list[Seq]] = []  # halves of a batch that raised, run before any new batch
         self.quarantine: dict[Request, list[Seq]] = {}  # suspects waiting to run alone, oldest first
         self.progress = clock()  # when a batch last started or came back
@@ -70,6 +92,8 @@ class Scheduler:
 
     def wait_s(self, now: float, idle_s: float, stopping: bool) -> float:
         """How long the loop may wait before a batch could be due."""
+        if len(self.in_flight) == 1 and self.buckets.online and not (self.quarantine or self.retry):
+            return max(0.0, min(idle_s, self._stage_at() - now))  # online work goes behind it then
         if self.in_flight:
             return idle_s  # its end is an event: it wakes the loop (and a full next batch: its renders)
         if self.retry:
@@ -105,8 +129,7 @@ class Scheduler:
         if self.retry:
             live = self._live([it for it in self.retry.pop() if not it.req.closed])
         else:
-            # behind a running batch only a full one: a partial one may still gain company meanwhile
-            batch = self.buckets.pop_batch(self.clock(), flush=stopping, full_only=bool(self.in_flight))
+            batch = self._next_batch(stopping)
             if batch is None:
                 return False
             live = self._count_attempts(self._live(batch))
@@ -114,6 +137,28 @@ class Scheduler:
             self._launch(live)
         self.stats.charge("batch", time.thread_time() - c0)
         return True
+
+    def _next_batch(self, stopping: bool) -> list[Seq] | None:
+        """The batch that goes now, if one does (the rules of the module docstring)."""
+        now = self.clock()
+        if not self.in_flight:  # a free device: online work at once, unless company is on its way
+            return self.buckets.pop_batch(now, flush=stopping, online_now=stopping or not self.company(),
+                                          budget=self._budget())
+        # behind a running batch: a full one now; online work once the running one is about to end
+        return self.buckets.pop_batch(now, full_only=True, online_now=now >= self._stage_at(), budget=self._budget())
+
+    def _stage_at(self) -> float:
+        """When the next batch must go to the runner to start the moment the running one ends."""
+        if not self.ends:
+            return self.clock()
+        return self.ends[-1] - self.cost.lead_s - STAGE_MARGIN_S - self.cost.error_s
+
+    def _budget(self) -> int | None:
+        """The padded tokens of a batch under settings.target_p99_ms (None: max_batch_tokens)."""
+        if not self.settings.target_p99_ms:
+            return None
+        fits = self.cost.tokens_within(self.settings.target_p99_ms / 1e3 / P99_BATCHES)
+        return None if fits is None else max(fits, self.settings.row_tokens or 1)
 
     def _start(self, items: list[Seq]) -> float:
         """Mark a batch as started; returns its start time."""
@@ -126,16 +171,18 @@ class Scheduler:
     def _launch(self, items: list[Seq]) -> None:
         t0 = self._start(items)
         self.in_flight.append(items)
+        begins = max(t0, self.ends[-1]) if self.ends else t0  # a batch's seconds include its launch when alone
+        self.ends.append(begins + self.cost.seconds(sum(it.tokens for it in items)))
         record = self._record(items)
         fut = self.device.submit([it.seq for it in items])
         fut.add_done_callback(partial(self._device_done, items, t0, record))
 
-    def _record(self, items: list[Seq]) -> list[float | int]:
+    def _record(self, items: list[Seq]) -> list[float | int | None]:
         """A batch's entry of EngineStats.recent as it is handed to the device (RECENT_FIELDS)."""
         return [round(time.monotonic(), 4), 0.0, 0.0, len(items), sum(it.tokens for it in items),
-                len(self.buckets), self.cpu_work.rendering, len(self.outbox.messages)]
+                len(self.buckets), self.cpu_work.in_render, len(self.outbox.messages)]
 
-    def _device_done(self, items: list[Seq], t0: float, record: list[float | int], fut: Future) -> None:
+    def _device_done(self, items: list[Seq], t0: float, record: list[float | int | None], fut: Future) -> None:
         """(the device runner's thread) a batch is back: hand it to the engine thread."""
         if fut.cancelled():  # never ran (the engine stopped): its messages go back with the rest
             return
@@ -143,24 +190,33 @@ class Scheduler:
             self._charge_ran(record, fut.result())
         self._post(("ran", items, t0, fut))
 
-    def _charge_ran(self, record: list[float | int], ran: Ran) -> None:
+    def _charge_ran(self, record: list[float | int | None], ran: Ran) -> None:
         self.stats.charge(self.device.stage, ran.cpu_s)
-        self.stats.ran(record, ran.start, ran.end)
+        self.stats.ran(record, ran.start, ran.end, ran.launch_s)
 
     def on_ran(self, items: list[Seq], t0: float, fut: Future) -> set[Request]:
         """A batch is back from the device: its outputs, or (it raised) its halves to run next.
         Returns its requests (the caller sends those whose sequences all ran to decoding)."""
-        self.in_flight = [b for b in self.in_flight if b is not items]
+        i = next(k for k, b in enumerate(self.in_flight) if b is items)
+        del self.in_flight[i], self.ends[i]
         self.progress = self.clock()
         try:
             ran = fut.result()
             outs = _checked(items, ran.outputs)
         except Exception as e:
+            self._next_runs(self.clock())
             self.retry += self._raised(items, e)
             return set()
+        self.cost.observe(sum(it.tokens for it in items), ran.end - ran.start, ran.launch_s)
+        self._next_runs(ran.end)
         self._apply(items, outs, (self.clock() - t0) * 1e3)
         self._trace_batch(items, ran)
         return {it.req for it in items}
+
+    def _next_runs(self, since: float) -> None:
+        """A batch came back at `since`: the one staged behind it (if any) runs from then."""
+        if self.ends:
+            self.ends[0] = since + self.cost.seconds(sum(it.tokens for it in self.in_flight[0]))
 
     def _trace_batch(self, items: list[Seq], ran: Ran) -> None:
         """A `vela2.batch` span linked to the traced requests that ran in it (worker.obs.tracing)."""

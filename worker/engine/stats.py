@@ -11,7 +11,8 @@ from typing import Any
 
 STATS_LOG_PREFIX = "vela2 engine stats: "  # then one JSON object (EngineStats.to_dict), logged at stop
 RECENT_BATCHES = 256  # batches EngineStats.recent keeps
-RECENT_FIELDS = ("launched", "device_start", "device_end", "sequences", "tokens", "waiting", "rendering", "held")
+RECENT_FIELDS = ("launched", "device_start", "device_end", "sequences", "tokens", "waiting", "rendering", "held",
+                 "launch_s")
 
 
 @dataclass
@@ -35,7 +36,8 @@ class EngineStats:
     device_s: float = 0.0  # wall seconds the device spent running batches (its busy time)
     # the last batches, oldest first: (launched, device start, device end) on time.monotonic (shared
     # by every process of a host, so a benchmark can place them in its own timeline), sequences,
-    # tokens, and at launch the sequences left waiting, the rows in render and the messages held
+    # tokens, and at launch the sequences left waiting, the rows in render and the messages held;
+    # last, how long the runner took to launch it (None: a runner that does not time it apart)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
     _cpu_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -44,11 +46,12 @@ class EngineStats:
         with self._cpu_lock:
             self.cpu_s[stage] = self.cpu_s.get(stage, 0.0) + seconds
 
-    def ran(self, record: list[float | int], start: float, end: float) -> None:
+    def ran(self, record: list[float | int | None], start: float, end: float, launch_s: float | None = None) -> None:
         """(the device runner's thread) the batch of `record` (see `recent`) ran from start to end."""
         with self._cpu_lock:
             self.device_s += end - start
             record[1:3] = [round(start, 4), round(end, 4)]
+            record.append(None if launch_s is None else round(launch_s, 4))
             self.recent.append(record)
 
     def to_dict(self) -> dict[str, Any]:

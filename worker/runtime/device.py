@@ -53,6 +53,7 @@ class Ran:
     end: float
     cpu_s: float
     memory: dict[str, float] | None = None  # the device's memory after it (worker.obs.metrics.gpu_memory)
+    launch_s: float | None = None  # how long its launch took (collate, copies, kernels queued); None: not apart
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ class _Launcher:
     def __init__(self, pipeline: Any, model: Any, precision: str, row_tokens: int | None, device: str):
         self.pipeline, self.model, self.precision, self.row_tokens = pipeline, model, precision, row_tokens
         self.device = device
-        self._launched: dict[int, tuple[float, float]] = {}  # batch -> (monotonic at launch, launch CPU s)
+        self._launched: dict[int, tuple[float, float, float]] = {}  # batch -> (launched at, CPU s, launch s)
         self._last_end = 0.0
 
     def launch(self, n: int, seqs: list[Any], conn: Any) -> tuple[int, Any] | None:
@@ -193,11 +194,11 @@ class _Launcher:
             release_device_memory()
             conn.send(("error", n, portable(e)))
             return None
-        self._launched[n] = (t0, time.thread_time() - c0)
+        self._launched[n] = (t0, time.thread_time() - c0, time.monotonic() - t0)
         return n, launched
 
     def collect(self, n: int, launched: Any) -> tuple[str, int, Any]:
-        t0, cpu_s = self._launched.pop(n)
+        t0, cpu_s, launch_s = self._launched.pop(n)
         c0 = time.thread_time()
         try:
             outputs = launched.outputs()
@@ -207,7 +208,7 @@ class _Launcher:
         end = time.monotonic()
         # a batch launched behind another starts on the device when that one ends
         start, self._last_end = max(t0, self._last_end), end
-        return "ok", n, Ran(outputs, start, end, cpu_s + time.thread_time() - c0, gpu_memory(self.device))
+        return "ok", n, Ran(outputs, start, end, cpu_s + time.thread_time() - c0, gpu_memory(self.device), launch_s)
 
 
 class ProcessDevice:

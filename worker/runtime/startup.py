@@ -145,7 +145,8 @@ def _assemble(settings: WorkerSettings, digest: str, loaded: Loaded, broker: Any
     engine = Engine(model, ResultStore(client, settings.result_expires_s), settings.engine_settings(),
                     pipeline=loaded.pipeline, metrics=metrics, on_stored=on_stored, leases=leases,
                     release_held=partial(release_held, broker) if broker is not None else None,
-                    cpu=loaded.cpu, device=device, tracing=traced)
+                    cpu=loaded.cpu, device=device, tracing=traced,
+                    cost_seed=[(settings.engine.max_batch_tokens, loaded.worst_s)])
     health.stalled, health.beat_error = leases.stalled, lambda: leases.beat_error
     health.stopping = lambda: engine.stopping
     freeze_startup_objects()

@@ -116,6 +116,12 @@ def warm_traffic(model: Any, settings: EngineSettings, pipeline: Any) -> None:
     _synchronize(model)
     log.info("warm-up traffic: %d batches of short rows in %.3f s", WARMUP_TRAFFIC_BATCHES + 1,
              time.perf_counter() - t0)
+    from vela2.model import fused  # torch: loaded by now, as the model is
+
+    t0 = time.perf_counter()
+    captured = fused.capture_traffic_graphs(model, settings.precision or "bf16", settings.row_tokens or None)
+    log.info("warm-up: %d CUDA graphs of traffic's batch shapes captured in %.3f s", captured,
+             time.perf_counter() - t0)
 
 
 def _synchronize(model: Any) -> None:

@@ -244,3 +244,45 @@ def test_a_push_that_fails_takes_its_marker_back(redis_url):
             assert await client.redis.get(submitted_key("a-1")) is None
 
     asyncio.run(main())
+
+
+def _answer_after(redis_url: str, rid: str, delay_s: float, **client_kw) -> tuple[dict, float, AsyncClient]:
+    """answer(rid) while a worker's store writes its result `delay_s` later: (answer, seconds, client)."""
+    import redis as redis_sync
+
+    store = ResultStore(redis_sync.Redis.from_url(redis_url))
+    res = RowResult(id=rid, task="choice:boolq", status=Status.ok, answers=[])
+
+    async def main() -> tuple[dict, float, AsyncClient]:
+        # polls only at the start and after 30 s: an answer within the test's bound came pushed
+        async with AsyncClient(redis_url, model=MODEL, **{"poll_min_s": 30, "poll_max_s": 30, **client_kw}) as client:
+            loop = asyncio.get_running_loop()
+            loop.call_later(delay_s, store.store, [(rid, row_meta(rid, res))])
+            t0 = time.monotonic()
+            answer = await client.answer(rid, timeout_s=20)
+            return answer, time.monotonic() - t0, client
+
+    return asyncio.run(main())
+
+
+def test_an_answer_is_pushed_the_moment_it_is_stored(redis_url):
+    answer, took, client = _answer_after(redis_url, "push-1", 0.3)
+    assert answer["id"] == "push-1" and answer["status"] == "ok"
+    assert 0.3 <= took < 5  # not the 30 s poll: the result's own message resolved it
+    assert client.poller.pushed == 1 and client.poller.polls == 1  # the one poll right after subscribing
+
+
+def test_a_user_without_channel_rights_is_answered_by_polling(redis_url):
+    """An ACL user whose channels are reset (Redis 7's default for new users) cannot SUBSCRIBE: the
+    client polls instead and still gets every answer."""
+    import redis as redis_sync
+
+    admin = redis_sync.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "nochan", "on", ">pw", "~*", "+@all", "resetchannels")
+    try:
+        url = redis_url.replace("redis://", "redis://nochan:pw@", 1)
+        answer, took, client = _answer_after(url, "poll-1", 0.3, poll_min_s=0.01, poll_max_s=0.05)
+    finally:
+        admin.execute_command("ACL", "DELUSER", "nochan")
+    assert answer["id"] == "poll-1" and answer["status"] == "ok"
+    assert client.poller.pushed == 0 and client.poller.polls >= 2

@@ -208,12 +208,13 @@ def test_bad_checkpoint_and_missing_input(tmp_path, demo_dir, capsys):
 def test_the_packages_register_their_subcommands(capsys):
     from vela2.cli import plugins
 
-    assert set(plugins()) == {"worker", "backfill", "jobs", "http", "status", "demo", "parity"}
+    assert set(plugins()) == {"worker", "backfill", "jobs", "http", "status", "demo", "parity", "loadtest"}
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for name in ("init-demo", "predict", "calibrate", "worker", "backfill", "jobs", "http", "demo", "parity"):
+    for name in ("init-demo", "predict", "calibrate", "worker", "backfill", "jobs", "http", "demo", "parity",
+                 "loadtest"):
         assert name in out
     assert "unavailable" not in out
 

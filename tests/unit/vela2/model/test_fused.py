@@ -238,3 +238,16 @@ def test_which_batches_replay_a_cuda_graph():
     assert not fused.replays(1, 10, flex=False, cuda=True, grad=True)
     assert not fused.replays(1, 10, flex=False, cuda=False, grad=False)
 
+
+def test_traffic_shapes_are_every_packed_shape_under_the_graph_budget():
+    """What the warm-up captures (fused.capture_traffic_graphs): every (rows, padded length) a batch of
+    packed rows can replay at, within GRAPH_MAX_TOKENS and GRAPH_MAX_COUNT; unpacked, a lone sequence
+    of every length."""
+    step, most = fused.GRAPH_BUCKET, fused.GRAPH_MAX_TOKENS
+    assert fused.traffic_shapes(2048) == [(1, n) for n in range(step, 2048 + 1, step)] == fused.traffic_shapes(None)
+    shapes = fused.traffic_shapes(512)
+    assert {rows for rows, _ in shapes} == {1, 2, 3, 4} and max(length for _, length in shapes) == 512
+    assert all(rows * length <= most and length % step == 0 for rows, length in shapes)
+    assert len(shapes) == len(set(shapes)) <= fused.GRAPH_MAX_COUNT
+    assert fused.traffic_shapes(100)[-1] == (16, 128)  # short rows pad to 128: up to 16 of them
+    assert fused.capture_traffic_graphs(tiny(), "bf16", 2048) == 0  # graphs are CUDA's: a CPU captures none

@@ -17,7 +17,7 @@ from vela2.errors import CheckpointError, PrecisionError
 from vela2.model.attention import tree_mask
 from vela2.model.modeling import OptionHead, SpanHead, Vela2Model
 from vela2.scoring.pipeline import collate, prepare, run_batch
-from vela2.text.packing import pack, plan_rows
+from vela2.text.packing import balance_rows, pack, plan_rows
 
 # --- tree mask -----------------------------------------------------------------------------------
 
@@ -282,6 +282,24 @@ def test_pack_rows_every_index_once(lengths, row_tokens, budget):
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:  # padded cost = rows x capacity <= budget, or a single row
         assert sum(lengths[i] for i in b) <= max(budget, capacity)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=60), row_tokens=st.integers(1, 600))
+def test_balanced_rows_keep_every_index_and_never_fill_a_row_more(lengths, row_tokens):
+    rows = plan_rows(lengths, row_tokens)
+    balanced = balance_rows(rows, lengths)
+    fill = lambda rs: max(sum(lengths[i] for i in r) for r in rs)  # noqa: E731
+    assert len(balanced) == len(rows) and all(balanced)
+    assert sorted(i for r in balanced for i in r) == list(range(len(lengths)))
+    assert fill(balanced) <= fill(rows)
+
+
+def test_first_fits_part_empty_last_row_is_balanced_away():
+    lengths = [100] * 34  # first fit into rows of 1000: three rows of 10 and one of 4
+    rows = plan_rows(lengths, 1000)
+    assert sorted(len(r) for r in rows) == [4, 10, 10, 10]
+    assert sorted(len(r) for r in balance_rows(rows, lengths)) == [8, 8, 9, 9]  # padded to 900, not 1000
 
 
 @st.composite

@@ -145,10 +145,11 @@ def make_engine(redis, pipeline=None, *, start=True, **kw) -> tuple[Engine, Fake
 
 
 def test_rows_are_batched_answered_and_acked_after_storing(redis):
-    engine, pipe, broker = make_engine(redis)
+    engine, pipe, broker = make_engine(redis, start=False)
     ids = [f"r{i}" for i in range(12)]
     for rid in ids:
         engine.submit(broker.delivery([row(rid)]))
+    engine.start()
     broker.wait(12)
     engine.stop(5)
     assert sorted(broker.acked) == sorted(ids) and not broker.rejected
@@ -181,10 +182,11 @@ def test_a_bad_request_gets_an_error_and_its_chunk_still_runs(redis):
 
 def test_a_batch_that_raises_is_split_and_only_the_failing_request_fails(redis):
     pipe = FakePipeline(fail_ids={"poison"})
-    engine, _, broker = make_engine(redis, pipe, max_wait_ms=50.0)
+    engine, _, broker = make_engine(redis, pipe, start=False, max_wait_ms=50.0)
     ids = ["a", "b", "poison", "c", "d", "e"]
     for rid in ids:
         engine.submit(broker.delivery([row(rid)]))
+    engine.start()
     broker.wait(len(ids))
     engine.stop(5)
     res = read_results(redis, ids)
@@ -518,30 +520,27 @@ class GatedPipeline(FakePipeline):
         return super().run_batch(model, sequences, precision, row_tokens)
 
 
-def test_the_next_full_batch_waits_behind_the_running_one_and_no_partial_one_does(redis):
-    """While a batch runs, the engine hands the device one more batch, only a full one (a partial
-    one may still gain company), never more than MAX_IN_FLIGHT; all are answered once it runs."""
+def test_while_a_batch_runs_at_most_one_more_goes_behind_it(redis):
+    """While a batch runs, the engine hands the device one more batch, never more than MAX_IN_FLIGHT;
+    all are answered once it runs (when each goes: tests/unit/worker/engine/test_scheduling.py)."""
     from worker.engine.scheduler import MAX_IN_FLIGHT
 
     pipe = GatedPipeline()
-    # 18-token sequences, 256-token batches: 14 per full batch; 40 rows = 2 full batches + 12
+    # 18-token sequences, 256-token batches: 14 per full batch
     engine, _, broker = make_engine(redis, pipe, max_batch_tokens=256, max_wait_ms=1.0)
     try:
         for i in range(40):
             engine.submit(broker.delivery([row(f"g{i}")]))
         deadline = time.monotonic() + 10
-        while len(engine.scheduler.in_flight) < MAX_IN_FLIGHT:
+        while len(engine.scheduler.in_flight) < MAX_IN_FLIGHT or len(engine.scheduler.buckets) == 0:
             assert time.monotonic() < deadline, f"{len(engine.scheduler.in_flight)} batches handed to the device"
             time.sleep(0.005)
-        time.sleep(0.1)  # the 12 left are past max_wait: still not handed over behind a running batch
-        assert len(engine.scheduler.in_flight) == MAX_IN_FLIGHT
-        # the first went to an idle device with what had arrived; the one queued behind it is full
-        assert len(engine.scheduler.in_flight[1]) == 14
+        assert len(engine.scheduler.in_flight) == MAX_IN_FLIGHT  # and the rest waits
         pipe.gate.set()
         broker.wait(40)
     finally:
         engine.stop(5)
-    assert sum(len(b) for b in pipe.batches) == 40 and max(len(b) for b in pipe.batches) == 14
+    assert sum(len(b) for b in pipe.batches) == 40 and max(len(b) for b in pipe.batches) <= 14
     assert len(broker.acked) == 40 and all(read_results(redis, [f"g{i}" for i in range(40)]).values())
 
 
