@@ -30,7 +30,7 @@ lint: install
 # version of vela2/ and kept in ~/.cache/vela2-tests (tests/conftest.py).
 TEST_WORKERS ?= 4
 test: lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests
 
 # The fast lane: the unit tests (no process started; tests/unit), no lint.
 test-fast: install

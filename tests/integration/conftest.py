@@ -33,35 +33,10 @@ MODEL = "vela2-demo"
 WORKER_SETTINGS = {"max_batch_tokens": 2048, "max_wait_ms": 10, "render_threads": 1, "shutdown_timeout_s": 30}
 
 
-# The longest tests of a `make test` run (--durations, 2 cores, -n 4), longest first. They start
-# first: over xdist the suite lasts at least as long as the test that starts last plus its own
-# time, so a 90 s test picked up at the end leaves the other workers idle for 90 s.
-SLOWEST_FIRST = (
-    "integration/worker/test_priority.py::test_online_requests_overtake_a_backfill_backlog",
-    "integration/producer/http/test_contract.py::",
-    "integration/stack/test_parity.py::",
-    "integration/bench/test_reliability.py::",
-    "integration/vela2/model/test_attention.py::test_flex_equals_sdpa_on_random_packed_rows",
-    "integration/worker/transport/test_sentinel.py::",
-    "integration/vela2/train/test_using_a_real_model.py::",
-    "integration/bench/test_queue_bench.py::",
-    "integration/worker/transport/test_amqp.py::",
-    "integration/worker/engine/test_dead_letter.py::",
-    "integration/worker/test_worker.py::",
-    "integration/bench/test_workload.py::",
-)
-
-
-def _rank(item: pytest.Item) -> int:
-    nodeid = item.nodeid.removeprefix("tests/")
-    return next((i for i, head in enumerate(SLOWEST_FIRST) if nodeid.startswith(head)), len(SLOWEST_FIRST))
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)
-    items.sort(key=_rank)  # stable: the rest keep their order
 
 
 def _need_redis_server() -> None:
