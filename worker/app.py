@@ -30,11 +30,10 @@ from kombu import Queue
 from vela2.errors import ConfigError, Vela2Error
 from vela2.wire import keys
 from vela2.wire.urls import SentinelUrl, is_sentinel_url, parse_sentinel_url
-from worker.engine.loop import Engine
 from worker.engine.work import Delivery
 from worker.obs import logs
 from worker.runtime.checks import preflight
-from worker.runtime.startup import build_engine, exit_on_start_failure
+from worker.runtime.early import Early, serve_early
 from worker.settings import WorkerSettings
 from worker.transport.redis import ssl_options
 
@@ -113,7 +112,9 @@ class EngineStep(bootsteps.StartStopStep):
 
     def __init__(self, w: Any, **kwargs: Any) -> None:
         super().__init__(w, **kwargs)
-        self.engine: Engine | None = None
+        self.engine: Any = None  # worker.engine.loop.Engine once started
+        # health and metrics from now on, before the model stack loads (served already by `vela2 worker`)
+        self.early: Early | None = getattr(w.app, "vela2_early", None) or serve_early(w.app.vela2_settings)
 
     def create(self, w: Any) -> None:
         return None
@@ -122,8 +123,10 @@ class EngineStep(bootsteps.StartStopStep):
         settings: WorkerSettings = w.app.vela2_settings
         # w.task_events: `celery worker -E` or worker_send_task_events (VELA2_TASK_EVENTS=1)
         events = TaskEvents(w.app, w.hostname) if getattr(w, "task_events", False) else None
+        from worker.runtime.startup import build_engine, exit_on_start_failure  # the model stack: torch
+
         try:
-            self.engine = build_engine(settings, events, w.app.vela2_pipeline_wrapper)
+            self.engine = build_engine(settings, events, w.app.vela2_pipeline_wrapper, self.early)
         except Exception as e:  # Celery would log it and exit 0: a supervisor must see the failure
             exit_on_start_failure(e)
         w.app.vela2_engine = self.engine
@@ -187,6 +190,7 @@ def create_app(settings: WorkerSettings | None = None, *, pipeline_wrapper: Any 
         signals.after_setup_task_logger.connect(logs.use_json, weak=False)
     app.vela2_settings = settings
     app.vela2_pipeline_wrapper = pipeline_wrapper
+    app.vela2_early = None  # run_worker: the endpoints its caller serves already (worker.runtime.early)
     app.vela2_engine = None
     app.task(name=keys.TASK_NAME, base=ScoreTask, bind=True)(_score)
     app.steps["worker"].add(EngineStep)
@@ -221,13 +225,16 @@ def _sentinel(url: str, what: str) -> SentinelUrl | None:
         return None
 
 
-def run_worker(settings: WorkerSettings, *, loglevel: str = "INFO", hostname: str | None = None) -> int:
+def run_worker(settings: WorkerSettings, *, loglevel: str = "INFO", hostname: str | None = None,
+               early: Early | None = None) -> int:
     """Run a worker in this process until it is shut down (SIGTERM: warm); returns the exit code.
+    `early`: the endpoints the caller already serves (worker.runtime.early), taken over at start.
 
     What `vela2 worker` calls: `run_worker(WorkerSettings.from_env(checkpoint=..., device=..., ...))`.
     """
     preflight(settings)
     app = create_app(settings)
+    app.vela2_early = early
     node = hostname or f"vela2-{settings.device.replace(':', '')}@%h"
     argv = [
         "worker",

@@ -15,9 +15,13 @@ def main(argv: list[str]) -> int:
     worker_settings.add_arguments(ap)
     ap.add_argument("--loglevel", default="INFO")
     args = ap.parse_args(argv)
+    settings = worker_settings.from_arguments(args)
+    from worker.runtime.early import serve_early  # /livez and /readyz before celery and torch load
+
+    early = serve_early(settings)
     from worker.app import run_worker  # celery and the model stack load only to run
 
-    return run_worker(worker_settings.from_arguments(args), loglevel=args.loglevel)
+    return run_worker(settings, loglevel=args.loglevel, early=early)
 
 
 if __name__ == "__main__":  # from a checkout that is not installed (no entry points): python -m ...

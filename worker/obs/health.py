@@ -4,10 +4,16 @@
   timeout (a hung device: its leases stopped renewing, so its messages go to other workers; an
   orchestrator should restart it).
 - `/readyz`: 200 once the checkpoint is loaded, the warm-up batches ran and the engine serves;
-  503 before, while it shuts down, and while Redis does not take its heartbeat (so a load balancer
-  or `kubectl rollout` waits for real readiness, as Triton and TEI do).
+  503 before (its reason names the start-up stage: "starting: loading the model"), while it shuts
+  down, and while Redis does not take its heartbeat (so a load balancer or `kubectl rollout` waits
+  for real readiness, as Triton and TEI do).
 
-Both answer JSON: {"live"/"ready": bool, "reason": str, "model", "digest"}.
+A worker with a metrics port serves both from the first second of its life, before the model stack
+is even imported (worker.runtime.early): /livez answers 200 while the model loads, so a liveness
+probe needs no initial delay longer than the load.
+
+Both answer JSON: {"live"/"ready": bool, "reason": str, "model", "digest"} (the digest is empty
+until the checkpoint's identity is known).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -29,12 +36,20 @@ class Health:
     """What /livez and /readyz report: start-up sets `serving` once the engine runs; the callables
     are the engine's and the leases' own views."""
 
-    def __init__(self, model: str, digest: str):
+    def __init__(self, model: str, digest: str = ""):
         self.model, self.digest = model, digest
         self.serving = False  # set once the engine runs (the model loaded and warm)
+        self.stage = "loading the checkpoint and warming up"  # what start-up is doing (begin())
+        self.started = time.monotonic()
         self.stopping: Callable[[], bool] = lambda: False  # a warm shutdown has begun
         self.stalled: Callable[[], bool] = lambda: False  # the leases' view of engine progress
         self.beat_error: Callable[[], str | None] = lambda: None  # the last heartbeat's failure, if any
+
+    def begin(self, stage: str) -> None:
+        """Start-up has reached `stage` (what /readyz names until ready); logged with the seconds
+        since this Health was made (the process's launch, for the early one)."""
+        self.stage = stage
+        log.info("start-up: %s (%.1f s)", stage, time.monotonic() - self.started)
 
     def live(self) -> tuple[bool, str]:
         if self.stalled():
@@ -45,7 +60,7 @@ class Health:
         if self.stopping():
             return False, "shutting down"
         if not self.serving:
-            return False, "starting: loading the checkpoint and warming up"
+            return False, f"starting: {self.stage}"
         if self.stalled():
             return False, "stalled"
         error = self.beat_error()

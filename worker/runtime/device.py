@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ from worker.runtime.warmup import freeze_startup_objects
 log = logging.getLogger(__name__)
 
 START_POLL_S = 0.5  # how often start() looks whether a loading device process died
+WARMING_UP = "warming up"  # the start-up stage after the weights are on the device (Health.begin)
 NEXT_POLL_S = 0.0005  # while a batch runs, how often the device process looks for the next one
 
 
@@ -136,6 +138,7 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any,
     try:
         model = load_model(spec)
         pipeline = wrapper(vela2.scoring.pipeline) if wrapper is not None else vela2.scoring.pipeline
+        conn.send(("stage", WARMING_UP))
         worst_s = worst_batch(model, pipeline=pipeline)
     except BaseException as e:  # noqa: BLE001 (the parent reports it and refuses to start)
         conn.send(("failed", portable(e)))
@@ -231,8 +234,9 @@ class ProcessDevice:
         self._proc: Any = None
         self._conn: Any = None
 
-    def start(self) -> None:
-        """Spawn the process and wait until its model is loaded and warm; raises what it raised."""
+    def start(self, stage: Callable[[str], None] = lambda _: None) -> None:
+        """Spawn the process and wait until its model is loaded and warm; raises what it raised.
+        `stage` hears the stages the process reports meanwhile (Health.begin)."""
         parent, child = self._ctx.Pipe(duplex=True)
         self._proc = self._ctx.Process(target=_serve, args=(child, self.spec, self.row_tokens, self.worst_batch,
                                                                 self.wrapper),
@@ -241,15 +245,21 @@ class ProcessDevice:
         atexit.register(self.close)  # before multiprocessing's own exit hook, whose SIGTERM it ignores
         child.close()
         self._conn = parent
-        while not parent.poll(START_POLL_S):
-            if not self._proc.is_alive():
-                raise ModelError(f"the device process exited (code {self._proc.exitcode}) while loading the model")
-        try:
-            status, value = parent.recv()
-        except EOFError:
-            self._proc.join(5)
-            status, value = "failed", ModelError(f"the device process exited (code {self._proc.exitcode}) "
-                                                 "while loading the model")
+        status: str = "stage"
+        value: Any = None  # a stage's name, then what "ready" / "failed" carry
+        while status == "stage":
+            if value is not None:
+                stage(value)
+            while not parent.poll(START_POLL_S):
+                if not self._proc.is_alive():
+                    raise ModelError(f"the device process exited (code {self._proc.exitcode}) while loading "
+                                     "the model")
+            try:
+                status, value = parent.recv()
+            except EOFError:
+                self._proc.join(5)
+                status, value = "failed", ModelError(f"the device process exited (code {self._proc.exitcode}) "
+                                                     "while loading the model")
         if status == "failed":
             self._proc.join(5)
             raise value

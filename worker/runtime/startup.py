@@ -25,7 +25,8 @@ from worker.obs.metrics import Metrics
 from worker.obs.tracing import WorkerTracing
 from worker.runtime.checks import check_mixed, check_visibility, preflight
 from worker.runtime.cpu_procs import CpuProcesses, ModelFiles
-from worker.runtime.device import ModelSpec, ProcessDevice, ThreadDevice, load_model
+from worker.runtime.device import WARMING_UP, ModelSpec, ProcessDevice, ThreadDevice, load_model
+from worker.runtime.early import Early
 from worker.runtime.leases import Leases
 from worker.runtime.warmup import freeze_startup_objects, measure_worst_batch_s
 from worker.settings import WorkerSettings, env_name
@@ -63,10 +64,13 @@ class Loaded:
 
 
 def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None] | None = None,
-                 pipeline_wrapper: PipelineWrapper | None = None) -> Engine:
+                 pipeline_wrapper: PipelineWrapper | None = None, early: Early | None = None) -> Engine:
     """Load the model once (in the device process, or here), measure the worst batch, check the
     visibility timeout, start the engine. `on_stored` sees every batch of stored results (Celery
-    task events, worker.app); `pipeline_wrapper` wraps the scoring pipeline (tests' faults)."""
+    task events, worker.app); `pipeline_wrapper` wraps the scoring pipeline (tests' faults); `early`
+    the metrics and health served since launch (worker.runtime.early), told each stage and taken over."""
+    early = early or Early(Metrics(row_tokens=settings.engine.row_tokens), Health(settings.model_name or ""))
+    early.health.begin("checking the settings and Redis")
     preflight(settings)
     # torch releases the GIL around every op it dispatches and takes it back after; with the
     # consumer, engine and reader threads busy, each retake waits up to the switch interval, and a
@@ -75,10 +79,12 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     if not settings.checkpoint:
         raise ConfigError(f"no checkpoint: pass --checkpoint or set {env_name('checkpoint')}")
     # the checkpoint's identity, hashed once here (every weight byte) and handed to each process
+    early.health.begin("hashing the checkpoint")
     digest = checkpoint.digest(settings.checkpoint, random_weights=bool(settings.random_weights))
+    early.health.model, early.health.digest = settings.resolved_model_name(), digest
     check_mixed(redis_client(settings.redis_url), settings.resolved_model_name(), digest,
                 bool(settings.allow_mixed))
-    loaded = load(settings, settings.checkpoint, digest, pipeline_wrapper)
+    loaded = load(settings, settings.checkpoint, digest, pipeline_wrapper, early.health.begin)
     # Results, attempt counters, dead letters and heartbeats (read by `vela2 http`) live in the result
     # store, whatever the broker. The Redis-only machinery is chosen here, in one place: on a Redis
     # broker the held records (kombu's unacked index, written by vela2.wire.taking) are renewed by the
@@ -90,15 +96,15 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     if not keys.is_amqp_url(settings.resolved_broker_url):
         check_visibility(settings.visibility_timeout_s, settings.engine.max_wait_ms, loaded.worst_s)
         broker = redis_client(settings.resolved_broker_url)
-    engine = _assemble(settings, digest, loaded, broker, on_stored)
+    engine = _assemble(settings, digest, loaded, broker, on_stored, early)
     _log_ready(settings, loaded)
     return engine
 
 
 def load(settings: WorkerSettings, checkpoint_dir: str, digest: str,
-         pipeline_wrapper: PipelineWrapper | None) -> Loaded:
+         pipeline_wrapper: PipelineWrapper | None, stage: Callable[[str], None] = lambda _: None) -> Loaded:
     """Start the CPU processes (they load while the model does), load the model of `checkpoint_dir`
-    where it runs and measure its worst batch."""
+    where it runs and measure its worst batch; `stage` hears each step (Health.begin)."""
     import vela2.scoring.pipeline
 
     cpu = None
@@ -112,28 +118,31 @@ def load(settings: WorkerSettings, checkpoint_dir: str, digest: str,
                      settings.resolved_precision, settings.attn, bool(settings.random_weights), digest)
     pipeline = pipeline_wrapper(vela2.scoring.pipeline) if pipeline_wrapper else vela2.scoring.pipeline
     worst_batch = partial(measure_worst_batch_s, settings=engine_settings)
+    stage("loading the model")
     if settings.resolved_device_process():
         # the model lives in the device process; this one renders / decodes with its files only
         device: Any = ProcessDevice(spec, row_tokens, worst_batch, pipeline_wrapper)
-        device.start()
+        device.start(stage)
         return Loaded(ModelFiles(spec.checkpoint, spec.model_name, digest), device, pipeline, device.worst_s, cpu)
     model = load_model(spec)
     device = ThreadDevice(pipeline, model, settings.resolved_precision, row_tokens)
+    stage(WARMING_UP)
     return Loaded(model, device, pipeline, worst_batch(model, pipeline=pipeline), cpu)
 
 
 def _assemble(settings: WorkerSettings, digest: str, loaded: Loaded, broker: Any,
-              on_stored: Callable[[list[Any]], None] | None) -> Engine:
+              on_stored: Callable[[list[Any]], None] | None, early: Early) -> Engine:
     """The engine with its store, metrics, health, leases and tracing; started, and said ready."""
     model, device = loaded.model, loaded.device
     client = redis_client(settings.redis_url)
-    metrics = Metrics(row_tokens=settings.engine.row_tokens)
+    metrics, health = early.metrics, early.health
+    health.begin("starting the engine")
     metrics.describe_worker(model=model.name, device=settings.device, precision=settings.resolved_precision,
                             redis=broker, queues=keys.queues(model.name), amqp_url=None if broker is not None
                             else settings.resolved_broker_url, store=client,
                             gpu_memory_source=(lambda: device.memory) if isinstance(device, ProcessDevice) else None)
-    health = Health(model.name, digest)
-    if settings.metrics_port:
+    health.model, health.digest = model.name, digest
+    if settings.metrics_port and metrics.server is None:  # served since launch unless built without early
         metrics.serve(settings.metrics_port, settings.metrics_host, health)
     worker_id = f"{socket.gethostname()}:{os.getpid()}:{settings.device}"
     describe = Description(worker_id, model.name, settings.device, settings.resolved_precision, digest,

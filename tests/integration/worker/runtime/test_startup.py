@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import redis as redis_lib
 
 from producer.client import Client
@@ -80,3 +81,59 @@ def test_wait_replicas_needs_that_many_replicas_connected_at_start(redis_server_
     check_redis(master.url(), 30, replicas=1)  # waits for the replica's sync, then passes
     with pytest.raises(ConfigError, match="has 1 replicas connected, and wait_replicas is 2"):
         check_redis(master.url(), 0.5, replicas=2)
+
+
+def _watch_health(port: int, proc: subprocess.Popen, deadline_s: float) -> list[tuple[int, int, str]]:
+    """(/livez code, /readyz code, /readyz reason) every 20 ms from launch until /readyz says 200."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    def get(path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    seen: list[tuple[int, int, str]] = []
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            live, _ = get("/livez")
+            ready, body = get("/readyz")
+        except OSError:  # not listening yet: the process is still importing Python itself
+            time.sleep(0.02)
+            continue
+        seen.append((live, ready, body["reason"]))
+        if ready == 200:
+            return seen
+        time.sleep(0.02)
+    raise AssertionError(f"never ready; seen {seen[-3:]}")
+
+
+@pytest.mark.parametrize("launch", ["vela2 worker", "celery with faults"])
+def test_health_answers_from_the_first_second_and_names_the_stage(launch, redis_url, demo_dir, tmp_path):
+    """/livez is 200 while the model loads, /readyz 503 naming the stage, then 200: probes need no
+    initial delay as long as the load (the warm-up slowed by a fault so its stage is seen)."""
+    from stack.faults import Faults
+    from stack.harness import WorkerProcess, free_port
+
+    port = free_port()
+    command = [sys.executable, "-m", "worker.cli"] if launch == "vela2 worker" else None
+    w = WorkerProcess.start(redis_url, demo_dir, tmp_path / "w.log", command=command,
+                            faults=Faults(delay_s=0.3) if command is None else None, metrics_port=port,
+                            max_batch_tokens=2048, render_threads=1)
+    try:
+        seen = _watch_health(port, w.proc, 180)
+        starting = [reason for live, ready, reason in seen if ready == 503]
+        assert starting and all(live == 200 for live, _, _ in seen)  # live all along, ready only at the end
+        assert all(r.startswith("starting: ") for r in starting)
+        assert {"starting: loading the model", "starting: warming up"} & set(starting)
+        if command is None:  # the slowed warm-up lasts seconds: its stage is seen
+            assert "starting: warming up" in starting
+        assert "ready" in w.log()
+        log = w.log()
+        assert log.index("start-up: checking the settings and Redis") < log.index("start-up: warming up")
+    finally:
+        w.kill()

@@ -45,3 +45,22 @@ def test_ready_only_between_warm_up_and_shutdown_and_while_redis_takes_the_beat(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_readyz_names_the_stage_start_up_is_in():
+    h = Health("")  # the early Health: model and digest not known yet
+    server = serve(0, "127.0.0.1", CollectorRegistry(), h)
+    port = server.server_port
+    try:
+        h.begin("hashing the checkpoint")
+        assert get(port, "/readyz") == (503, {"ready": False, "reason": "starting: hashing the checkpoint",
+                                              "model": "", "digest": ""})
+        assert get(port, "/livez")[0] == 200  # loading is life
+        h.model, h.digest = "m", "d" * 32
+        h.begin("warming up")
+        assert get(port, "/readyz")[1]["reason"] == "starting: warming up"
+        h.serving = True
+        assert get(port, "/readyz") == (200, {"ready": True, "reason": "ok", "model": "m", "digest": "d" * 32})
+    finally:
+        server.shutdown()
+        server.server_close()
