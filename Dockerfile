@@ -32,7 +32,8 @@ RUN TORCH_VERSION="$(python -c 'import torch; print(torch.__version__.split("+")
 
 COPY deploy/launch-workers.sh /usr/local/bin/vela2-launch-workers
 RUN chmod 0755 /usr/local/bin/vela2-launch-workers \
- && useradd --create-home --uid 10001 --user-group vela2
+ && useradd --create-home --uid 10001 --user-group vela2 \
+ && mkdir -p /cache/compile && chown -R vela2:vela2 /cache  # VELA2_COMPILE_CACHE_DIR's volume starts as this
 
 USER vela2
 WORKDIR /home/vela2

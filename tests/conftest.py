@@ -102,6 +102,12 @@ def demo_model(demo_dir: Path):
 # their order: every worker starts on its share of long tests and the short ones balance the end
 # (in collection order all of them landed in one worker's section: 18 minutes in a row).
 LONGEST_S = {
+    ("integration/worker/runtime/test_startup.py::"
+     "test_compiled_kernels_land_in_the_compile_cache_dir"): 40,
+    ("integration/worker/runtime/test_startup.py::"
+     "test_health_answers_from_the_first_second_and_names_the_stage[celery with faults]"): 25,
+    ("integration/worker/runtime/test_startup.py::"
+     "test_health_answers_from_the_first_second_and_names_the_stage[vela2 worker]"): 20,
     "integration/producer/http/test_contract.py::test_schemathesis_finds_no_failure_against_the_route_and_a_worker": 92,
     "integration/stack/test_parity.py::test_parity_command_on_the_demo_checkpoint": 92,
     "integration/bench/test_reliability.py::test_queue_items_and_bad_id_scenarios_pass_at_a_tiny_scale": 70,

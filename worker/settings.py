@@ -95,6 +95,10 @@ class WorkerSettings:
                                      flag="--model")
     attn: str = setting("sdpa", "attention backend: sdpa (dense tree mask) or flex (block-sparse, compiled)",
                         choices=ATTN_BACKENDS)
+    compile_cache_dir: str | None = setting(
+        None, "directory for torch.compile's inductor and Triton caches: mount a volume that survives restarts "
+        "and a restarted worker reuses its compiled kernels; default torch's own (under /tmp, lost with the "
+        "container)")
     random_weights: int = setting(0, "1: seeded random weights instead of the stored ones (benchmarks only)")
     device_process: int = setting(-1, "1: run the model in a spawned process of its own (no other thread there "
                                       "takes the GIL its kernel launches need); 0: in a thread of the worker "

@@ -137,3 +137,20 @@ def test_health_answers_from_the_first_second_and_names_the_stage(launch, redis_
         assert log.index("start-up: checking the settings and Redis") < log.index("start-up: warming up")
     finally:
         w.kill()
+
+
+def test_compiled_kernels_land_in_the_compile_cache_dir(tmp_path):
+    """torch.compile, set up as the worker sets it up (use_compile_cache before anything compiles,
+    torch already imported), writes its caches under compile_cache_dir: a volume there keeps them."""
+    code = (
+        "import sys, torch\n"
+        "from worker.runtime.startup import use_compile_cache\n"
+        "use_compile_cache(sys.argv[1])\n"
+        "f = torch.compile(lambda x: torch.sin(x) * 2 + 1)\n"
+        "print(float(f(torch.ones(8)).sum()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cc")], cwd=ROOT, env=child_env(),
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    written = [p for p in (tmp_path / "cc" / "inductor").rglob("*") if p.is_file()]
+    assert written, "inductor wrote nothing under compile_cache_dir"
