@@ -362,6 +362,19 @@ def _free_device(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def add_serving_arguments(ap: argparse.ArgumentParser) -> None:
+    """The seed, the tokenizer and the hot-path worker settings (max_wait_ms 20, row_tokens 2048,
+    sdpa): what bench.hotpath and bench.latency both take."""
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer", choices=("bench", "demo"), default="bench")
+    ap.add_argument("--window", type=int, default=2048)
+    ap.add_argument("--attn", default="sdpa")
+    ap.add_argument("--row-tokens", type=int, default=2048)
+    ap.add_argument("--max-batch-tokens", type=int, default=65536)
+    ap.add_argument("--max-wait-ms", type=float, default=20.0)
+    ap.add_argument("--max-buffered", type=int, default=2048)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.hotpath", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="1.5b,9b", help=f"comma list of {', '.join(SHAPES)}")
@@ -371,14 +384,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--short-rows", type=int, default=3000, help="rows of the short workloads")
     ap.add_argument("--copies", type=int, default=2, help="copies of the 240-row seed-like mix")
     ap.add_argument("--max-rows", type=int, default=None, help="only the first N rows of the mix (smoke runs)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tokenizer", choices=("bench", "demo"), default="bench")
-    ap.add_argument("--window", type=int, default=2048)
-    ap.add_argument("--attn", default="sdpa")
-    ap.add_argument("--row-tokens", type=int, default=2048)
-    ap.add_argument("--max-batch-tokens", type=int, default=65536)
-    ap.add_argument("--max-wait-ms", type=float, default=20.0)
-    ap.add_argument("--max-buffered", type=int, default=2048)
+    add_serving_arguments(ap)
     ap.add_argument("--render-threads", type=int, default=2)
     ap.add_argument("--cpu-processes", type=int, default=-1, help="worker render / decode processes (-1: auto)")
     ap.add_argument("--threads-baseline", action="store_true",

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.hotpath import SHAPES, _free_device, device_alone
+from bench.hotpath import SHAPES, _free_device, add_serving_arguments, device_alone
 from bench.queue_bench import (
     READY_TIMEOUT_S,
     bench_redis,
@@ -172,15 +172,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--short-rows", type=int, default=2000, help="rows the device-alone rate is measured on")
     ap.add_argument("--device-rate", type=float, default=0.0,
                     help="rows/s to take as the device-alone rate instead of measuring it (one shape)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tokenizer", choices=("bench", "demo"), default="bench")
-    ap.add_argument("--window", type=int, default=2048)
-    ap.add_argument("--attn", default="sdpa")
-    ap.add_argument("--row-tokens", type=int, default=2048)
-    ap.add_argument("--max-batch-tokens", type=int, default=65536)
-    ap.add_argument("--max-wait-ms", type=float, default=20.0)
+    add_serving_arguments(ap)
     ap.add_argument("--target-p99-ms", type=float, default=0.0)
-    ap.add_argument("--max-buffered", type=int, default=2048)
     ap.add_argument("--cpu-processes", type=int, default=4, help="worker render / decode processes")
     ap.add_argument("--timeout-s", type=float, default=60.0)
     ap.add_argument("--redis-url", default=None)
