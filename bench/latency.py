@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.faults.redis import metric
 from bench.hotpath import SHAPES, _free_device, add_serving_arguments, device_alone
 from bench.queue_bench import (
     READY_TIMEOUT_S,
@@ -80,13 +81,10 @@ def device_rate(shape: str, ckpt: Path, rows: list[dict[str, Any]], args: argpar
 
 def batch_counts(port: int) -> tuple[float, float]:
     """(batches, sequences) the worker ran so far, from its metrics endpoint (vela2_batch_size)."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    values = {name: float(v) for name, v in (ln.rsplit(" ", 1) for ln in text.splitlines()
-                                             if ln.startswith(("vela2_batch_size_count", "vela2_batch_size_sum")))}
-    return values.get("vela2_batch_size_count", 0.0), values.get("vela2_batch_size_sum", 0.0)
+    counts = [metric(port, f"vela2_batch_size_{part}") for part in ("count", "sum")]
+    if None in counts:
+        raise RuntimeError(f"the worker's metrics on port {port} do not answer vela2_batch_size")
+    return counts[0] or 0.0, counts[1] or 0.0
 
 
 def serve_and_measure(shape: str, ckpt: Path, workload: Path, rate: float, args: argparse.Namespace,

@@ -216,12 +216,10 @@ class _Poller:
             raise
         except Exception as e:  # the connection broke: from here the poller alone finds results
             log.debug("result listener stopped (%s: %s); polling only", type(e).__name__, e)
-            self._pubsub, pubsub = None, self._pubsub
-            self._push_off = True
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()
+            await self._stop_push()
 
     async def _stop_push(self) -> None:
+        """Poll only from now on: the subscription is closed and never opened again."""
         self._push_off = True
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:

@@ -27,7 +27,7 @@ from worker.obs.tracing import WorkerTracing
 from worker.runtime.checks import check_mixed, check_visibility, preflight
 from worker.runtime.cpu_procs import CpuProcesses, ModelFiles
 from worker.runtime.device import WARMING_UP, ModelSpec, ProcessDevice, ThreadDevice, load_model
-from worker.runtime.early import Early
+from worker.runtime.early import Early, serve_early
 from worker.runtime.leases import Leases
 from worker.runtime.warmup import freeze_startup_objects, measure_worst_batch_s
 from worker.settings import WorkerSettings, env_name
@@ -70,7 +70,8 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     visibility timeout, start the engine. `on_stored` sees every batch of stored results (Celery
     task events, worker.app); `pipeline_wrapper` wraps the scoring pipeline (tests' faults); `early`
     the metrics and health served since launch (worker.runtime.early), told each stage and taken over."""
-    early = early or Early(Metrics(row_tokens=settings.engine.row_tokens), Health(settings.model_name or ""))
+    early = early or serve_early(settings) or Early(Metrics(row_tokens=settings.engine.row_tokens),
+                                                     Health(settings.model_name or ""))
     early.health.begin("checking the settings and Redis")
     preflight(settings)
     use_compile_cache(settings.compile_cache_dir)
@@ -165,9 +166,7 @@ def _assemble(settings: WorkerSettings, digest: str, loaded: Loaded, broker: Any
                             redis=broker, queues=keys.queues(model.name), amqp_url=None if broker is not None
                             else settings.resolved_broker_url, store=client,
                             gpu_memory_source=(lambda: device.memory) if isinstance(device, ProcessDevice) else None)
-    health.model, health.digest = model.name, digest
-    if settings.metrics_port and metrics.server is None:  # served since launch unless built without early
-        metrics.serve(settings.metrics_port, settings.metrics_host, health)
+    health.model, health.digest = model.name, digest  # the endpoints are served since build_engine began
     worker_id = f"{socket.gethostname()}:{os.getpid()}:{settings.device}"
     describe = Description(worker_id, model.name, settings.device, settings.resolved_precision, digest,
                            lambda: engine, metrics)
