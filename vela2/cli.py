@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from vela2.config import DEFAULT_MAX_BATCH_TOKENS, PRECISIONS, default_precision
@@ -135,13 +136,47 @@ def cmd_import(args: argparse.Namespace) -> int:
     return import_command(args.hf_dir, args.out, name=args.name, window=args.window)
 
 
+def cmd_manifest(args: argparse.Namespace) -> int:
+    """`vela2 manifest`: write a checkpoint's manifest.json, or check every byte against it."""
+    from vela2.model import manifest
+
+    path = Path(args.checkpoint)
+    if not (path / "config.json").is_file():
+        print(f"vela2 manifest: {path} is not a Vela 2 checkpoint (no config.json)", file=sys.stderr)
+        return 2
+    if not args.check:
+        written = manifest.write(path)
+        print(f"wrote {path / manifest.MANIFEST}: digest {written['digest']}, {len(written['files'])} files")
+        return 0
+    recorded = manifest.read(path)
+    if recorded is None:
+        print(f"vela2 manifest: {path} has no {manifest.MANIFEST}; write one with `vela2 manifest {path}`",
+              file=sys.stderr)
+        return 1
+    problem = manifest.cheap_check(path, recorded) or manifest.verify(path, recorded)
+    if problem:
+        print(f"{path}: DIFFERS from its manifest: {problem}")
+        return 1
+    print(f"{path}: every byte agrees with its manifest (digest {recorded['digest']})")
+    return 0
+
+
+def _add_manifest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = sub.add_parser("manifest", help="write a checkpoint's manifest.json (its identity, so a worker starts "
+                                        "without hashing the weights), or --check every byte against it")
+    s.add_argument("checkpoint")
+    s.add_argument("--check", action="store_true",
+                   help="hash every file and compare with the manifest (exit 1 if any differs)")
+    s.set_defaults(func=cmd_manifest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2` parser: the model library's subcommands, then one stub per plugin (it parses its own
     options, so the stub only lists it in `vela2 --help`)."""
     p = argparse.ArgumentParser(prog="vela2", description="Vela 2 streaming scorer")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_add_init_demo, _add_predict, _add_calibrate, _add_eval, _add_train, _add_import):
+    for add in (_add_init_demo, _add_predict, _add_calibrate, _add_eval, _add_train, _add_import, _add_manifest):
         add(sub)
     for name, ep in sorted(plugins().items()):
         sub.add_parser(name, help=_first_line(ep), add_help=False)

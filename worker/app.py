@@ -103,6 +103,17 @@ class TaskEvents:
                      runtime=round(sum(v for k, v in timings.items() if k != "queue_ms") / 1e3, 6))
 
 
+def _shut_down_checkpoint_changed(app: Celery) -> None:
+    """A warm shutdown, exit status CHECKPOINT_CHANGED_EXIT (run_worker returns it): the consumer's
+    loop sees should_stop on its next turn (set from any thread, as Celery's signal handlers do)."""
+    from celery.worker import state
+
+    from worker.runtime.verify import CHECKPOINT_CHANGED_EXIT
+
+    app.vela2_exit_code = CHECKPOINT_CHANGED_EXIT
+    state.should_stop = CHECKPOINT_CHANGED_EXIT
+
+
 class EngineStep(bootsteps.StartStopStep):
     """Worker bootstep: builds the engine before the consumer starts, drains it at warm shutdown
     (before the event loop's hub closes, so the acks it schedules still run)."""
@@ -126,7 +137,8 @@ class EngineStep(bootsteps.StartStopStep):
         from worker.runtime.startup import build_engine, exit_on_start_failure  # the model stack: torch
 
         try:
-            self.engine = build_engine(settings, events, w.app.vela2_pipeline_wrapper, self.early)
+            self.engine = build_engine(settings, events, w.app.vela2_pipeline_wrapper, self.early,
+                                       on_checkpoint_changed=partial(_shut_down_checkpoint_changed, w.app))
         except Exception as e:  # Celery would log it and exit 0: a supervisor must see the failure
             exit_on_start_failure(e)
         w.app.vela2_engine = self.engine
@@ -192,6 +204,7 @@ def create_app(settings: WorkerSettings | None = None, *, pipeline_wrapper: Any 
     app.vela2_pipeline_wrapper = pipeline_wrapper
     app.vela2_early = None  # run_worker: the endpoints its caller serves already (worker.runtime.early)
     app.vela2_engine = None
+    app.vela2_exit_code = 0  # set when the worker stops for a reason of its own (a changed checkpoint)
     app.task(name=keys.TASK_NAME, base=ScoreTask, bind=True)(_score)
     app.steps["worker"].add(EngineStep)
     return app
@@ -250,10 +263,10 @@ def run_worker(settings: WorkerSettings, *, loglevel: str = "INFO", hostname: st
         node,
     ]
     try:
-        app.worker_main(argv)
+        code = app.start(argv)  # (app.worker_main drops the worker's exit code)
     except SystemExit as e:
-        return int(e.code or 0) if not isinstance(e.code, str) else 1
-    return 0
+        code = int(e.code or 0) if not isinstance(e.code, str) else 1
+    return int(app.vela2_exit_code or code or 0)
 
 
 app = create_app()

@@ -99,6 +99,9 @@ class WorkerSettings:
         None, "directory for torch.compile's inductor and Triton caches: mount a volume that survives restarts "
         "and a restarted worker reuses its compiled kernels; default torch's own (under /tmp, lost with the "
         "container)")
+    verify_mb_s: float = setting(
+        400.0, "read rate (MB/s) of the background check of a checkpoint's weights against its manifest.json "
+        "once the worker serves (a file that differs stops the worker taking work); 0: trust the manifest")
     random_weights: int = setting(0, "1: seeded random weights instead of the stored ones (benchmarks only)")
     device_process: int = setting(-1, "1: run the model in a spawned process of its own (no other thread there "
                                       "takes the GIL its kernel launches need); 0: in a thread of the worker "

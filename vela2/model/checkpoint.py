@@ -5,11 +5,11 @@ calibration.json. Release weights keep backbone Linear / Conv1D weights in bf16,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,43 +20,23 @@ from torch import nn
 
 from vela2.config import Vela2Config
 from vela2.errors import CheckpointError
+from vela2.model import loading, manifest
 from vela2.model.calibration import Calibration
+from vela2.model.manifest import INDEX, WEIGHTS
 from vela2.model.modeling import Vela2Model, build_backbone
 
 log = logging.getLogger(__name__)
 
-WEIGHTS = "model.safetensors"
-INDEX = "model.safetensors.index.json"
-IDENTITY_FILES = ("config.json", "tokenizer.json", "calibration.json")  # hashed into the digest beside the weights
-DIGEST_CHUNK = 16 << 20  # bytes read per hash update (hashlib releases the GIL on large updates)
-
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while chunk := f.read(DIGEST_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def digest(path: str | Path, *, random_weights: bool = False) -> str:
     """The checkpoint's identity (32 hex digits): blake2b over the bytes of its config, tokenizer,
-    calibration and weight files, in name order. A re-calibrated or re-trained checkpoint gets a new
-    digest even under the same model name; every stored answer carries it (RowResult.served_by).
-    Reads every weight file once, files in parallel threads (a 9B checkpoint: ~18 GB). With
-    `random_weights` (benchmarks) the weights are not read and the digest says so."""
-    path = Path(path)
-    files = [path / name for name in IDENTITY_FILES if (path / name).is_file()]
-    if not random_weights:
-        files += sorted(set(weight_files(path).values()))
-    with ThreadPoolExecutor(max_workers=min(8, max(1, len(files)))) as pool:
-        parts = list(pool.map(_file_digest, files))
-    outer = hashlib.blake2b(digest_size=16)
-    for f, part in zip(files, parts, strict=True):
-        outer.update(f"{f.name}\0{part}\0".encode())
-    if random_weights:
-        outer.update(b"random-weights")
-    return outer.hexdigest()
+    calibration and weight files, in name order, hashed from every byte now (vela2.model.manifest;
+    a start takes it from the checkpoint's manifest instead: `manifest.identify`). A re-calibrated or
+    re-trained checkpoint gets a new digest even under the same model name; every stored answer
+    carries it (RowResult.served_by). With `random_weights` (benchmarks) the weights are not read
+    and the digest says so."""
+    return manifest.full_digest(path, random_weights=random_weights)
 
 
 def _bf16_weight_names(model: Vela2Model) -> set[str]:
@@ -90,7 +70,7 @@ def save(model: Vela2Model, path: str | Path, *, shard_max_bytes: int | None = N
         stale.unlink(missing_ok=True)
     if shard_max_bytes is None:
         save_file(state, str(path / WEIGHTS), metadata={"format": "pt"})
-        make_readable(path)
+        finish(path)
         return
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -108,6 +88,13 @@ def save(model: Vela2Model, path: str | Path, *, shard_max_bytes: int | None = N
         weight_map.update(dict.fromkeys(shard, fname))
     total = sum(t.numel() * t.element_size() for t in state.values())
     (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    finish(path)
+
+
+def finish(path: Path) -> None:
+    """The last step of every checkpoint writer: its manifest (the identity, hashed now so that a
+    start need not) and its files made world-readable."""
+    manifest.write(path)
     make_readable(path)
 
 
@@ -132,7 +119,8 @@ def weight_files(path: Path, missing_hint: str = "") -> dict[str, Path]:
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-         *, random_weights: bool = False, checkpoint_digest: str | None = None) -> Vela2Model:
+         *, random_weights: bool = False, checkpoint_digest: str | None = None,
+         progress: Callable[[int, int], None] | None = None) -> Vela2Model:
     """Load a checkpoint directory onto `device`.
 
     `dtype` is the dtype the backbone is held in: float32 (runs precision fp32 and bf16 autocast,
@@ -141,7 +129,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     random initialisation and no second copy in host memory.
     `random_weights=True` (benchmarks only) ignores stored weights and builds seeded random ones
     on the device: a config + tokenizer directory is then enough to serve a 9B-shaped model.
-    `checkpoint_digest`: the checkpoint's `digest` when the caller has it already (else computed).
+    `checkpoint_digest`: the checkpoint's `digest` when the caller has it already (else taken from
+    its manifest, checked cheaply, or hashed: vela2.model.manifest.identify).
+    `progress(bytes read, bytes in all)` hears the weights' reading (vela2.model.loading.read_into).
     """
     path = Path(path)
     config = Vela2Config.read(path)
@@ -153,10 +143,13 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     if random_weights:
         log.warning("%s: serving RANDOM weights (benchmark mode), not the stored ones", config.name)
         model = Vela2Model.random(config, tokenizer, calibration, device=device, dtype=dtype)
-        model.digest = checkpoint_digest or digest(path, random_weights=True)
+        model.digest = checkpoint_digest or manifest.identify(path, random_weights=True).digest
         return model
     with torch.device("meta"):
         model = Vela2Model(config, tokenizer, calibration, build_backbone(config))
+    # the backbone in its serving dtype before memory is given to it: one copy, never a float32
+    # model cast afterwards; heads stay float32
+    model.backbone.to(dtype)
     model.to_empty(device=device)
     expected = set(model.state_dict())
     files = weight_files(path)
@@ -166,25 +159,15 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
             f"checkpoint tensors do not match the config: missing {sorted(missing)[:5]} "
             f"({len(missing)}), unexpected {sorted(unexpected)[:5]} ({len(unexpected)})"
         )
-    params = dict(model.state_dict(keep_vars=True))
-    by_file: dict[Path, list[str]] = {}
-    for name, f in files.items():
-        by_file.setdefault(f, []).append(name)
-    with torch.no_grad():
-        for f, names in by_file.items():
-            with safe_open(str(f), framework="pt", device="cpu") as sf:
-                for name in names:
-                    t = sf.get_tensor(name)
-                    target = params[name]
-                    if t.shape != target.shape:
-                        raise CheckpointError(f"{name}: stored shape {tuple(t.shape)}; config expects "
-                                              f"{tuple(target.shape)}")
-                    target.copy_(t.to(target.dtype))
+    t0 = time.monotonic()
+    nbytes = loading.read_into(dict(model.state_dict(keep_vars=True)), files, progress=progress)
+    seconds = time.monotonic() - t0
     _rebuild_rotary(model.backbone, device)
-    model.backbone.to(dtype)
+    model.backbone.to(dtype)  # the rebuilt rotary buffers, as the backbone holds them
     model.eval()
-    model.digest = checkpoint_digest or digest(path)
-    log.info("loaded %s from %s on %s (%s backbone), digest %s", config.name, path, device, dtype, model.digest)
+    model.digest = checkpoint_digest or manifest.identify(path).digest
+    log.info("loaded %s from %s on %s (%s backbone; %.2f GB of weights in %.2f s, %.2f GB/s), digest %s",
+             config.name, path, device, dtype, nbytes / 1e9, seconds, nbytes / 1e9 / max(seconds, 1e-9), model.digest)
     return model
 
 

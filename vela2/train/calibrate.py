@@ -42,6 +42,7 @@ import torch
 from vela2.api.schemas import Row, guess_id_task, parse_row, split_task
 from vela2.config import DEFAULT_MAX_BATCH_TOKENS
 from vela2.errors import Vela2Error
+from vela2.model import manifest
 from vela2.model.calibration import Calibration, sigmoid
 from vela2.train.labelled import check_gold, question_golds, read_jsonl
 from vela2.train.metrics import MIN_POSITIVES, best_f1_threshold, evaluate
@@ -458,6 +459,14 @@ def calibrate_command(
     if target.is_dir():
         target = target / "calibration.json"
     backup = _backup(target)
+    checkpoint_dir = target.parent
+    # the checkpoint's identity changes with its calibration: its manifest is rewritten (the weights'
+    # hashes kept from a manifest that still checks, so a 9B checkpoint is not hashed again)
+    refresh = target.name == "calibration.json" and (checkpoint_dir / "config.json").is_file()
+    known = manifest.reusable_hashes(checkpoint_dir) if refresh else {}
+    known.pop(target.name, None)
     cal.write(target)
+    if refresh:
+        manifest.write(checkpoint_dir, known)
     print(f"wrote {target}" + (f" (previous kept as {backup.name})" if backup else ""))
     return 0

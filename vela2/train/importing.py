@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 from vela2.config import LIMITS, HeadsConfig, SpecialTokens, Vela2Config
 from vela2.errors import CheckpointError
 from vela2.model.calibration import Calibration
-from vela2.model.checkpoint import INDEX, WEIGHTS, _bf16_weight_names, make_readable, weight_files
+from vela2.model.checkpoint import INDEX, WEIGHTS, _bf16_weight_names, finish, weight_files
 from vela2.model.modeling import OptionHead, SpanHead, Vela2Model, build_backbone
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
         config.write(out)
         tok.save(str(out / "tokenizer.json"))
         Calibration().write(out)
-        make_readable(out)
+        finish(out)  # the manifest (the checkpoint's identity) and readable files
     except BaseException:
         _remove_partial(out, created)  # a failed import leaves no half checkpoint that blocks the retry
         raise

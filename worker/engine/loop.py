@@ -148,11 +148,16 @@ class Engine:
                 return
         delivery.reject(True)
 
+    def close_intake(self) -> None:
+        """Take no more messages (each offered from now on goes back to its queue); what the engine
+        holds is still finished. stop() ends it."""
+        with self._lock:
+            self._accepting = False
+
     def stop(self, timeout_s: float) -> EngineStats:
         """Warm stop: close intake, finish everything held within `timeout_s`, return the rest to
         the queue (reject with requeue), log one summary line."""
-        with self._lock:
-            self._accepting = False
+        self.close_intake()
         self._stop_deadline = self.clock() + max(0.0, timeout_s)
         self._stopping = True
         self._events.put(("wake", None))

@@ -4,8 +4,9 @@
   timeout (a hung device: its leases stopped renewing, so its messages go to other workers; an
   orchestrator should restart it).
 - `/readyz`: 200 once the checkpoint is loaded, the warm-up batches ran and the engine serves;
-  503 before (its reason names the start-up stage: "starting: loading the model"), while it shuts
-  down, and while Redis does not take its heartbeat (so a load balancer or `kubectl rollout` waits
+  503 before (its reason names the start-up stage: "starting: loading weights 3/8"), while it shuts
+  down, once its checkpoint's files were found to differ from their manifest (worker.runtime.verify),
+  and while Redis does not take its heartbeat (so a load balancer or `kubectl rollout` waits
   for real readiness, as Triton and TEI do).
 
 A worker with a metrics port serves both from the first second of its life, before the model stack
@@ -44,6 +45,7 @@ class Health:
         self.stopping: Callable[[], bool] = lambda: False  # a warm shutdown has begun
         self.stalled: Callable[[], bool] = lambda: False  # the leases' view of engine progress
         self.beat_error: Callable[[], str | None] = lambda: None  # the last heartbeat's failure, if any
+        self.fault: str | None = None  # why this worker takes no more work (its checkpoint changed)
 
     def begin(self, stage: str) -> None:
         """Start-up has reached `stage` (what /readyz names until ready); logged with the seconds
@@ -57,6 +59,8 @@ class Health:
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
+        if self.fault is not None:
+            return False, self.fault
         if self.stopping():
             return False, "shutting down"
         if not self.serving:

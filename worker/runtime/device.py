@@ -72,16 +72,33 @@ class ModelSpec:
     digest: str | None = None  # the checkpoint's digest, computed once by the worker (None: load computes it)
 
 
-def load_model(spec: ModelSpec) -> Any:
+class LoadProgress:
+    """Tells `stage` how far the weights' reading is ("loading weights: 4.1 of 14.7 GB"), at most
+    every PROGRESS_EVERY_S and at the end."""
+
+    PROGRESS_EVERY_S = 0.5
+
+    def __init__(self, stage: Callable[[str], None]):
+        self.stage, self._last = stage, 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done >= total or now - self._last >= self.PROGRESS_EVERY_S:
+            self._last = now
+            self.stage(f"loading weights: {done / 1e9:.1f} of {total / 1e9:.1f} GB")
+
+
+def load_model(spec: ModelSpec, stage: Callable[[str], None] | None = None) -> Any:
     """Load the checkpoint on its device with its attention backend; checks the precision and that
-    the checkpoint serves the queue's model (ConfigError)."""
+    the checkpoint serves the queue's model (ConfigError). `stage` hears how far the loading is."""
     import torch
 
     import vela2
     from vela2.errors import ConfigError
 
     model = vela2.load(spec.checkpoint, device=spec.device, dtype=getattr(torch, spec.dtype),
-                       random_weights=spec.random_weights, checkpoint_digest=spec.digest)
+                       random_weights=spec.random_weights, checkpoint_digest=spec.digest,
+                       progress=LoadProgress(stage) if stage is not None else None)
     if spec.attn != "sdpa":
         model.set_attention(spec.attn)
     model.check_precision(spec.precision)
@@ -136,7 +153,7 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any,
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/vela2-device] %(message)s")
     try:
-        model = load_model(spec)
+        model = load_model(spec, lambda text: conn.send(("stage", text)))
         pipeline = wrapper(vela2.scoring.pipeline) if wrapper is not None else vela2.scoring.pipeline
         conn.send(("stage", WARMING_UP))
         worst_s = worst_batch(model, pipeline=pipeline)

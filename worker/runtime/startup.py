@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vela2.errors import ConfigError, Vela2Error
-from vela2.model import checkpoint
+from vela2.model import manifest
 from vela2.wire import keys, tracing
 from vela2.wire.connections import redis_client
 from vela2.wire.results import ResultStore
@@ -29,6 +29,7 @@ from worker.runtime.cpu_procs import CpuProcesses, ModelFiles
 from worker.runtime.device import WARMING_UP, ModelSpec, ProcessDevice, ThreadDevice, load_model
 from worker.runtime.early import Early, serve_early
 from worker.runtime.leases import Leases
+from worker.runtime.verify import BackgroundVerify
 from worker.runtime.warmup import freeze_startup_objects, measure_worst_batch_s
 from worker.settings import WorkerSettings, env_name
 from worker.transport.redis import release_held
@@ -65,11 +66,14 @@ class Loaded:
 
 
 def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None] | None = None,
-                 pipeline_wrapper: PipelineWrapper | None = None, early: Early | None = None) -> Engine:
+                 pipeline_wrapper: PipelineWrapper | None = None, early: Early | None = None,
+                 on_checkpoint_changed: Callable[[], None] | None = None) -> Engine:
     """Load the model once (in the device process, or here), measure the worst batch, check the
     visibility timeout, start the engine. `on_stored` sees every batch of stored results (Celery
     task events, worker.app); `pipeline_wrapper` wraps the scoring pipeline (tests' faults); `early`
-    the metrics and health served since launch (worker.runtime.early), told each stage and taken over."""
+    the metrics and health served since launch (worker.runtime.early), told each stage and taken over;
+    `on_checkpoint_changed` is called if the background check finds the weights differ from the
+    checkpoint's manifest (after the engine closed its intake: worker.app shuts the worker down)."""
     early = early or serve_early(settings) or Early(Metrics(row_tokens=settings.engine.row_tokens),
                                                      Health(settings.model_name or ""))
     early.health.begin("checking the settings and Redis")
@@ -81,9 +85,11 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     sys.setswitchinterval(settings.switch_interval_ms / 1e3)
     if not settings.checkpoint:
         raise ConfigError(f"no checkpoint: pass --checkpoint or set {env_name('checkpoint')}")
-    # the checkpoint's identity, hashed once here (every weight byte) and handed to each process
-    early.health.begin("hashing the checkpoint")
-    digest = checkpoint.digest(settings.checkpoint, random_weights=bool(settings.random_weights))
+    # the checkpoint's identity, from its manifest (checked cheaply; the bytes are verified in the
+    # background once serving) or hashed here, and handed to each process
+    early.health.begin("checking the checkpoint's manifest")
+    identity = manifest.identify(settings.checkpoint, random_weights=bool(settings.random_weights))
+    digest = identity.digest
     early.health.model, early.health.digest = settings.resolved_model_name(), digest
     check_mixed(redis_client(settings.redis_url), settings.resolved_model_name(), digest,
                 bool(settings.allow_mixed))
@@ -101,7 +107,17 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
         broker = redis_client(settings.resolved_broker_url)
     engine = _assemble(settings, digest, loaded, broker, on_stored, early)
     _log_ready(settings, loaded)
+    if identity.manifest is not None and settings.verify_mb_s > 0:
+        BackgroundVerify(settings.checkpoint, identity.manifest, settings.verify_mb_s,
+                         partial(_checkpoint_changed, early.health, engine, on_checkpoint_changed)).start()
     return engine
+
+
+def _checkpoint_changed(health: Health, engine: Engine, then: Callable[[], None] | None, problem: str) -> None:
+    health.fault = f"checkpoint files differ from manifest.json: {problem}"
+    engine.close_intake()
+    if then is not None:
+        then()
 
 
 def use_compile_cache(path: str | None) -> None:
@@ -149,7 +165,7 @@ def load(settings: WorkerSettings, checkpoint_dir: str, digest: str,
         device: Any = ProcessDevice(spec, row_tokens, worst_batch, pipeline_wrapper)
         device.start(stage)
         return Loaded(ModelFiles(spec.checkpoint, spec.model_name, digest), device, pipeline, device.worst_s, cpu)
-    model = load_model(spec)
+    model = load_model(spec, stage)
     device = ThreadDevice(pipeline, model, settings.resolved_precision, row_tokens)
     stage(WARMING_UP)
     return Loaded(model, device, pipeline, worst_batch(model, pipeline=pipeline), cpu)

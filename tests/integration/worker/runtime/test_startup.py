@@ -154,3 +154,69 @@ def test_compiled_kernels_land_in_the_compile_cache_dir(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     written = [p for p in (tmp_path / "cc" / "inductor").rglob("*") if p.is_file()]
     assert written, "inductor wrote nothing under compile_cache_dir"
+
+
+def _readyz(port: int) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_weights_that_differ_from_the_manifest_stop_the_worker(redis_url, demo_dir, tmp_path):
+    """A weight byte changed after the manifest was written passes the cheap check at start (same size
+    and header); the background check finds it once the worker serves: /readyz 503 names the file, the
+    worker takes no more work, finishes and exits with status 3."""
+    import shutil
+
+    from stack.harness import WorkerProcess, free_port
+    from vela2.model.manifest import WEIGHTS
+    from worker.runtime.verify import CHECKPOINT_CHANGED_EXIT
+
+    ckpt = shutil.copytree(demo_dir, tmp_path / "ckpt")
+    with open(ckpt / WEIGHTS, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    port = free_port()
+    w = WorkerProcess.start(redis_url, ckpt, tmp_path / "w.log", command=[sys.executable, "-m", "worker.cli"],
+                            metrics_port=port, max_batch_tokens=2048, render_threads=1, verify_mb_s=5)
+    try:
+        seen: list[tuple[int, str]] = []
+        deadline = time.monotonic() + 180
+        while w.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                code, body = _readyz(port)
+                seen.append((code, body["reason"]))
+            except OSError:
+                pass
+            time.sleep(0.05)
+        assert w.proc.poll() == CHECKPOINT_CHANGED_EXIT, w.log()[-3000:]
+        assert (200, "ok") in seen  # it served (the cheap check passed), then:
+        assert any(code == 503 and reason.startswith(f"checkpoint files differ from manifest.json: {WEIGHTS}: its "
+                                                     "bytes hash to") for code, reason in seen), seen[-5:]
+        assert "DIFFERS from its manifest.json" in w.log()
+    finally:
+        w.kill()
+
+
+def test_a_checkpoint_that_agrees_with_its_manifest_is_verified_in_the_background(redis_url, demo_dir, tmp_path):
+    from stack.harness import WorkerProcess
+
+    w = WorkerProcess.start(redis_url, demo_dir, tmp_path / "w.log", max_batch_tokens=2048, render_threads=1)
+    try:
+        w.wait_ready()
+        deadline = time.monotonic() + 60
+        while "every byte agrees with its manifest" not in w.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "every byte agrees with its manifest" in w.log()
+        assert "start-up: loading weights: " in w.log()  # the stage names the reading's progress
+        assert w.terminate() == 0
+    finally:
+        w.kill()

@@ -15,6 +15,7 @@ from transformers import AutoModel
 
 import vela2
 import vela2.model.checkpoint
+import vela2.model.manifest
 from bench.import_rss import make_hf_dir
 from vela2.cli import main
 from vela2.config import SpecialTokens, Vela2Config
@@ -143,6 +144,8 @@ def test_special_tokens_past_the_embedding_get_the_mean_row(hf_dirs, tmp_path):
     hf = _copy_with_tokenizer(hf_dirs["llama-single"], tmp_path / "full", fill)
     a, b = import_hf(hf, tmp_path / "a"), import_hf(hf, tmp_path / "b")
     assert vela2.model.checkpoint.digest(a) == vela2.model.checkpoint.digest(b)
+    # the import wrote the identity beside the weights: a start takes it from there
+    assert vela2.model.manifest.read(a)["digest"] == vela2.model.checkpoint.digest(a)
     model = vela2.load(a)
     emb = model.backbone.embed_tokens.weight
     assert emb.shape[0] == vocab + len(SpecialTokens().all())
