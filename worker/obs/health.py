@@ -47,11 +47,12 @@ class Health:
         self.beat_error: Callable[[], str | None] = lambda: None  # the last heartbeat's failure, if any
         self.fault: str | None = None  # why this worker takes no more work (its checkpoint changed)
 
-    def begin(self, stage: str) -> None:
-        """Start-up has reached `stage` (what /readyz names until ready); logged with the seconds
-        since this Health was made (the process's launch, for the early one)."""
+    def begin(self, stage: str, at: float | None = None) -> None:
+        """Start-up has reached `stage` (what /readyz names until ready) at time.monotonic() `at`
+        (default now); logged with the seconds since this Health was made (the process's launch,
+        for the early one)."""
         self.stage = stage
-        log.info("start-up: %s (%.1f s)", stage, time.monotonic() - self.started)
+        log.info("start-up: %s (%.1f s)", stage, (time.monotonic() if at is None else at) - self.started)
 
     def live(self) -> tuple[bool, str]:
         if self.stalled():

@@ -152,10 +152,11 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/vela2-device] %(message)s")
+    conn.send(("stage", ("importing the model stack", time.monotonic())))
     try:
-        model = load_model(spec, lambda text: conn.send(("stage", text)))
+        model = load_model(spec, lambda text: conn.send(("stage", (text, time.monotonic()))))
         pipeline = wrapper(vela2.scoring.pipeline) if wrapper is not None else vela2.scoring.pipeline
-        conn.send(("stage", WARMING_UP))
+        conn.send(("stage", (WARMING_UP, time.monotonic())))
         worst_s = worst_batch(model, pipeline=pipeline)
     except BaseException as e:  # noqa: BLE001 (the parent reports it and refuses to start)
         conn.send(("failed", portable(e)))
@@ -251,9 +252,15 @@ class ProcessDevice:
         self._proc: Any = None
         self._conn: Any = None
 
-    def start(self, stage: Callable[[str], None] = lambda _: None) -> None:
+    def start(self, stage: Callable[..., None] = lambda *_: None) -> None:
         """Spawn the process and wait until its model is loaded and warm; raises what it raised.
         `stage` hears the stages the process reports meanwhile (Health.begin)."""
+        self.launch()
+        self.wait_ready(stage)
+
+    def launch(self) -> None:
+        """Spawn the process; it starts loading at once (wait_ready waits for it). The worker
+        launches it before its own imports and CPU processes, which then overlap the load."""
         parent, child = self._ctx.Pipe(duplex=True)
         self._proc = self._ctx.Process(target=_serve, args=(child, self.spec, self.row_tokens, self.worst_batch,
                                                                 self.wrapper),
@@ -262,11 +269,17 @@ class ProcessDevice:
         atexit.register(self.close)  # before multiprocessing's own exit hook, whose SIGTERM it ignores
         child.close()
         self._conn = parent
+
+    def wait_ready(self, stage: Callable[..., None] = lambda *_: None) -> None:
+        """Wait until the launched process's model is loaded and warm; raises what it raised.
+        `stage(name, at)` hears each stage the process reports, with when (time.monotonic: one clock
+        for all processes) it began: it may be read later, while this process still imports."""
+        parent = self._conn
         status: str = "stage"
         value: Any = None  # a stage's name, then what "ready" / "failed" carry
         while status == "stage":
             if value is not None:
-                stage(value)
+                stage(*value)
             while not parent.poll(START_POLL_S):
                 if not self._proc.is_alive():
                     raise ModelError(f"the device process exited (code {self._proc.exitcode}) while loading "

@@ -143,9 +143,21 @@ def use_compile_cache(path: str | None) -> None:
 
 
 def load(settings: WorkerSettings, checkpoint_dir: str, digest: str,
-         pipeline_wrapper: PipelineWrapper | None, stage: Callable[[str], None] = lambda _: None) -> Loaded:
-    """Start the CPU processes (they load while the model does), load the model of `checkpoint_dir`
-    where it runs and measure its worst batch; `stage` hears each step (Health.begin)."""
+         pipeline_wrapper: PipelineWrapper | None, stage: Callable[..., None] = lambda *_: None) -> Loaded:
+    """Launch the device process first (its load is the longest step), then import the model stack
+    here and start the CPU processes while it loads; load the model of `checkpoint_dir` where it
+    runs and measure its worst batch; `stage` hears each step (Health.begin)."""
+    engine_settings = settings.engine_settings()
+    row_tokens = engine_settings.row_tokens or None
+    spec = ModelSpec(checkpoint_dir, settings.resolved_model_name(), settings.device, settings.resolved_dtype,
+                     settings.resolved_precision, settings.attn, bool(settings.random_weights), digest)
+    worst_batch = partial(measure_worst_batch_s, settings=engine_settings)
+    device: Any = None
+    if settings.resolved_device_process():
+        # the model lives in the device process; this one renders / decodes with its files only
+        device = ProcessDevice(spec, row_tokens, worst_batch, pipeline_wrapper)
+        device.launch()
+    stage("loading the model")
     import vela2.scoring.pipeline
 
     cpu = None
@@ -153,17 +165,9 @@ def load(settings: WorkerSettings, checkpoint_dir: str, digest: str,
         cpu = CpuProcesses(checkpoint_dir, settings.resolved_model_name(), settings.resolved_cpu_processes(),
                            digest, settings.resolved_precision)
         cpu.start()
-    engine_settings = settings.engine_settings()
-    row_tokens = engine_settings.row_tokens or None
-    spec = ModelSpec(checkpoint_dir, settings.resolved_model_name(), settings.device, settings.resolved_dtype,
-                     settings.resolved_precision, settings.attn, bool(settings.random_weights), digest)
     pipeline = pipeline_wrapper(vela2.scoring.pipeline) if pipeline_wrapper else vela2.scoring.pipeline
-    worst_batch = partial(measure_worst_batch_s, settings=engine_settings)
-    stage("loading the model")
-    if settings.resolved_device_process():
-        # the model lives in the device process; this one renders / decodes with its files only
-        device: Any = ProcessDevice(spec, row_tokens, worst_batch, pipeline_wrapper)
-        device.start(stage)
+    if device is not None:
+        device.wait_ready(stage)
         return Loaded(ModelFiles(spec.checkpoint, spec.model_name, digest), device, pipeline, device.worst_s, cpu)
     model = load_model(spec, stage)
     device = ThreadDevice(pipeline, model, settings.resolved_precision, row_tokens)

@@ -39,7 +39,7 @@ WARMUP_WORDS = (
     "Alice from Acme wrote to the support team about order 4471 and the refund was sent "
     "on Monday while the weather in the city stayed green and quiet"
 ).split()
-WARMUP_TRAFFIC_BATCHES = 3  # full batches of short packed rows run at start-up on a GPU (below)
+WARMUP_TRAFFIC_ROWS = (2, 5)  # batches of this many packed rows of short rows run at start-up on a GPU (below)
 
 
 def warmup_row(max_window_tokens: int) -> dict[str, Any]:
@@ -100,21 +100,22 @@ def warmup_short_rows(n: int) -> list[dict[str, Any]]:
 
 
 def warm_traffic(model: Any, settings: EngineSettings, pipeline: Any) -> None:
-    """Run WARMUP_TRAFFIC_BATCHES full batches of short rows packed as the engine packs them, then
-    a small one. A fresh CUDA process pays one-off costs on its first batches of a new kind (kernel
-    variants compiled for new sizes, pinned host buffers and device memory grown): measured on an
-    H200 with the 1.5B shape, the first real batches after the long-window warm-up took 1.0 s (24
-    short rows) and 1.5 s (a full batch; 0.4 s warm) and the next launch waited 0.4 s, while the
-    device sat idle behind them. Paid here, before the worker says it is ready."""
-
-    rows = warmup_short_rows(1 + 2 * WARMUP_TRAFFIC_BATCHES * settings.max_batch_tokens // 100)
+    """Run a batch of short rows packed as the engine packs them for each row count of
+    WARMUP_TRAFFIC_ROWS, then capture the CUDA graphs of traffic's one-row shapes. A fresh CUDA
+    process pays one-off costs on its first batches of a new kind (compiled code for the dynamic
+    shapes of multi-row batches, device memory grown): paid here, before the worker says it is
+    ready, on batches as small as trigger them. (Three full batches of short rows did the same in
+    5.5-6 s on the H200 with the 9B shape, most of it plain compute: bench/results/gpu-coldstart.json.)"""
+    row_tokens = settings.row_tokens or model.config.max_window_tokens
+    rows = warmup_short_rows(1 + 2 * max(WARMUP_TRAFFIC_ROWS) * row_tokens // 100)
     seqs = [s for row in rows for s in pipeline.prepare(model, row).sequences]
-    batches = pack([s.num_tokens for s in seqs], settings.max_batch_tokens, settings.row_tokens or None)
     t0 = time.perf_counter()
-    for b in [*batches[:WARMUP_TRAFFIC_BATCHES], batches[-1][:24]]:
-        pipeline.run_batch(model, [seqs[i] for i in b], settings.precision, settings.row_tokens or None)
+    for n_rows in WARMUP_TRAFFIC_ROWS:
+        batch = pack([s.num_tokens for s in seqs], n_rows * row_tokens, settings.row_tokens or None)[0]
+        pipeline.run_batch(model, [seqs[i] for i in batch], settings.precision, settings.row_tokens or None)
+    pipeline.run_batch(model, seqs[:24], settings.precision, settings.row_tokens or None)
     _synchronize(model)
-    log.info("warm-up traffic: %d batches of short rows in %.3f s", WARMUP_TRAFFIC_BATCHES + 1,
+    log.info("warm-up traffic: %d batches of short rows in %.3f s", len(WARMUP_TRAFFIC_ROWS) + 1,
              time.perf_counter() - t0)
     from vela2.model import fused  # torch: loaded by now, as the model is
 
