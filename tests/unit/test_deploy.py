@@ -335,6 +335,11 @@ def test_keda_scaledobject():
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["startupProbe"]["httpGet"]["path"] == container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    # the start is given 3x the slowest start measured on the H200 (9B, cold, empty compile cache)
+    measured = json.loads((ROOT / "bench/results/gpu-coldstart.json").read_text())["shapes"]["9b"]["starts"]
+    slowest = max(v["ready_s"] for k, v in measured.items() if isinstance(v, dict))
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3 * slowest
     assert _flag(container["args"], "--metrics-host") == "0.0.0.0"  # probes come from the kubelet, not loopback
     assert _flag(container["args"], "--device") == "cuda:0"
     ckpt = _flag(container["args"], "--checkpoint")

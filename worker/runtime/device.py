@@ -152,7 +152,7 @@ def _serve(conn: Any, spec: ModelSpec, row_tokens: int | None, worst_batch: Any,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/vela2-device] %(message)s")
-    conn.send(("stage", ("importing the model stack", time.monotonic())))
+    conn.send(("stage", ("building the model", time.monotonic())))  # its imports done (unpickling the arguments)
     try:
         model = load_model(spec, lambda text: conn.send(("stage", (text, time.monotonic()))))
         pipeline = wrapper(vela2.scoring.pipeline) if wrapper is not None else vela2.scoring.pipeline
