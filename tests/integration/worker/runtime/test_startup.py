@@ -206,17 +206,38 @@ def test_weights_that_differ_from_the_manifest_stop_the_worker(redis_url, demo_d
         w.kill()
 
 
-def test_a_checkpoint_that_agrees_with_its_manifest_is_verified_in_the_background(redis_url, demo_dir, tmp_path):
-    from stack.harness import WorkerProcess
+@pytest.mark.parametrize("manifest", ["kept", "removed"])
+def test_a_worker_verifies_its_manifest_in_the_background_or_hashes_without_one(redis_url, demo_dir, tmp_path,
+                                                                                  manifest):
+    """With a manifest: ready, then every byte verified in the background. Without one: the worker
+    still starts, its digest hashed from every byte at start, a warning naming the fix."""
+    import shutil
 
-    w = WorkerProcess.start(redis_url, demo_dir, tmp_path / "w.log", max_batch_tokens=2048, render_threads=1)
+    from stack.harness import WorkerProcess
+    from vela2.model import checkpoint
+    from vela2.model.manifest import MANIFEST
+
+    ckpt = shutil.copytree(demo_dir, tmp_path / "ckpt")
+    if manifest == "removed":
+        (ckpt / MANIFEST).unlink()
+    w = WorkerProcess.start(redis_url, ckpt, tmp_path / "w.log", max_batch_tokens=2048, render_threads=1)
     try:
         w.wait_ready()
-        deadline = time.monotonic() + 60
-        while "every byte agrees with its manifest" not in w.log() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert "every byte agrees with its manifest" in w.log()
         assert "start-up: loading weights: " in w.log()  # the stage names the reading's progress
+        if manifest == "kept":
+            deadline = time.monotonic() + 60
+            while "every byte agrees with its manifest" not in w.log() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "every byte agrees with its manifest" in w.log()
+        else:
+            assert "it has no manifest.json, so its identity was hashed from every byte" in w.log()
+            assert f"`vela2 manifest {ckpt}` writes a manifest" in w.log()
+        client = Client(redis_url, model=MODEL)
+        res = client.result(client.submit({"id": "m-1", "task": "choice:t", "text": "Is it?",
+                                           "questions": [{"question": "Is it?", "options": ["yes", "no"]}]}),
+                            timeout_s=120)
+        assert res.served_by is not None and res.served_by.digest == checkpoint.digest(ckpt)
+        client.close()
         assert w.terminate() == 0
     finally:
         w.kill()
