@@ -35,7 +35,9 @@ def rss():
         return int(f.read().split()[1]) * resource.getpagesize()
 before = rss()
 model = vela2.load(sys.argv[1], dtype=getattr(torch, sys.argv[2]))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM: the peak of this process's own address space (getrusage's ru_maxrss keeps the peak of the
+# parent it was forked from: an xdist worker's, hundreds of MB)
+peak = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
 held = sum(t.numel() * t.element_size() for t in model.state_dict().values())
 print(json.dumps({"before": before, "peak": peak, "held": held}))
 """
