@@ -61,6 +61,36 @@ class SpecialTokens:
         return list(asdict(self).values())
 
 
+# Bounds on a backbone's sizes, checked before anything is built or allocated (a config with
+# hidden_size 1e6 or 100k layers must be one line, not gigabytes allocated and a traceback). Generous:
+# the largest open decoders are well inside them.
+BACKBONE_BOUNDS = {
+    "hidden_size": 65_536, "num_hidden_layers": 1_024, "intermediate_size": 1 << 20,
+    "num_attention_heads": 1_024, "num_key_value_heads": 1_024, "vocab_size": 1 << 23,
+    "max_position_embeddings": 1 << 24, "head_dim": 4_096,
+}
+MAX_BACKBONE_PARAMS = 1e12  # layers x (4 h^2 + 3 h x intermediate) + vocab x h, estimated
+
+
+def check_backbone_sizes(backbone: dict[str, Any], where: str) -> None:
+    """CheckpointError naming the key, the value and the bound when a size of `backbone` (a
+    transformers config dict) is not a positive integer within BACKBONE_BOUNDS, or the model it
+    describes exceeds MAX_BACKBONE_PARAMS parameters."""
+    for key, bound in BACKBONE_BOUNDS.items():
+        if key not in backbone or backbone[key] is None:
+            continue
+        value = backbone[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
+            raise CheckpointError(f"{where}: {key} must be an integer in [1, {bound:,}]; got {value!r}")
+    h = int(backbone.get("hidden_size") or 0)
+    layers = int(backbone.get("num_hidden_layers") or 0)
+    inter = int(backbone.get("intermediate_size") or 4 * h)
+    params = layers * (4 * h * h + 3 * h * inter) + int(backbone.get("vocab_size") or 0) * h
+    if params > MAX_BACKBONE_PARAMS:
+        raise CheckpointError(f"{where}: the sizes describe ~{params:.3g} parameters, more than "
+                              f"{MAX_BACKBONE_PARAMS:.0e}")
+
+
 @dataclass(frozen=True)
 class HeadsConfig:
     """Widths of the option and span heads."""
@@ -111,6 +141,13 @@ class Vela2Config:
         for key in ("name", "backbone", "heads"):
             if key not in d:
                 raise CheckpointError(f"config.json lacks the key {key!r}")
+        if not isinstance(d["backbone"], dict) or not isinstance(d["heads"], dict):
+            raise CheckpointError("config.json: backbone and heads must be JSON objects")
+        check_backbone_sizes(d["backbone"], "config.json backbone")
+        for key, value in d["heads"].items():
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= BACKBONE_BOUNDS["hidden_size"]:
+                raise CheckpointError(f"config.json heads: {key} must be an integer in "
+                                      f"[1, {BACKBONE_BOUNDS['hidden_size']:,}]; got {value!r}")
         return cls(
             name=d["name"],
             backbone=dict(d["backbone"]),

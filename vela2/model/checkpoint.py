@@ -108,13 +108,16 @@ def make_readable(path: Path) -> None:
 
 def weight_files(path: Path, missing_hint: str = "") -> dict[str, Path]:
     """tensor name -> file holding it, from the shard index or the single safetensors file (a Vela 2
-    checkpoint, or a transformers directory being imported); `missing_hint` ends the error's message."""
+    checkpoint, or a transformers directory being imported); `missing_hint` ends the error's message.
+    Every file must be a regular file of `path` itself (vela2.model.manifest.inside)."""
     if (path / INDEX).is_file():
+        manifest.weight_file_names(path)  # every shard confined to the directory, before any is opened
         index = json.loads((path / INDEX).read_text())
         return {name: path / fname for name, fname in index["weight_map"].items()}
     if (path / WEIGHTS).is_file():
-        with safe_open(str(path / WEIGHTS), framework="pt") as f:
-            return dict.fromkeys(f.keys(), path / WEIGHTS)
+        weights = manifest.inside(path, WEIGHTS)
+        with safe_open(str(weights), framework="pt") as f:
+            return dict.fromkeys(f.keys(), weights)
     raise CheckpointError(f"{path} holds neither {WEIGHTS} nor {INDEX}{missing_hint}")
 
 
@@ -134,8 +137,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     `progress(bytes read, bytes in all)` hears the weights' reading (vela2.model.loading.read_into).
     """
     path = Path(path)
+    manifest.inside(path, "config.json")
     config = Vela2Config.read(path)
-    tok_path = path / "tokenizer.json"
+    tok_path = manifest.inside(path, "tokenizer.json")
     if not tok_path.is_file():
         raise CheckpointError(f"{tok_path} does not exist")
     tokenizer = Tokenizer.from_file(str(tok_path))
@@ -150,7 +154,6 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     # the backbone in its serving dtype before memory is given to it: one copy, never a float32
     # model cast afterwards; heads stay float32
     model.backbone.to(dtype)
-    model.to_empty(device=device)
     expected = set(model.state_dict())
     files = weight_files(path)
     missing, unexpected = expected - set(files), set(files) - expected
@@ -159,6 +162,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
             f"checkpoint tensors do not match the config: missing {sorted(missing)[:5]} "
             f"({len(missing)}), unexpected {sorted(unexpected)[:5]} ({len(unexpected)})"
         )
+    loading.plan(files, dict(model.state_dict()))  # every stored shape checked before memory is allocated
+    model.to_empty(device=device)
     t0 = time.monotonic()
     nbytes = loading.read_into(dict(model.state_dict(keep_vars=True)), files, progress=progress)
     seconds = time.monotonic() - t0

@@ -45,6 +45,22 @@ DIGEST_CHUNK = 1 << 20  # bytes read per hash update, into one buffer per file: 
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
 
 
+def inside(path: Path, name: str, what: str = "file") -> Path:
+    """`path`/`name` when it is a regular file of the directory `path` itself: `name` a plain file
+    name (no separator, no `..`, not absolute) and, through any symlink, still inside `path`.
+    CheckpointError naming it otherwise (a checkpoint or an imported directory must not make us read,
+    or copy, a file elsewhere)."""
+    if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+        raise CheckpointError(f"{path}: {what} {name!r} must be a file of the directory itself (no path)")
+    full = path / name
+    real, root = full.resolve(), path.resolve()
+    if real.parent != root and root not in real.parents:
+        raise CheckpointError(f"{full}: a link to {real}, outside {path}: refused")
+    if full.exists() and not real.is_file():
+        raise CheckpointError(f"{full}: not a regular file")
+    return full
+
+
 def weight_file_names(path: Path) -> list[str]:
     """The weight files of checkpoint `path`, by name, sorted: the index's shards, or WEIGHTS.
     Reads the index only (no safetensors file is opened). CheckpointError when there are none or
@@ -54,13 +70,14 @@ def weight_file_names(path: Path) -> list[str]:
             weight_map = json.loads((path / INDEX).read_text())["weight_map"]
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{path / INDEX}: not a safetensors index ({e})") from e
-        names = sorted(set(weight_map.values()))
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{path / INDEX}: weight_map must be a JSON object")
+        names = sorted({str(v) if isinstance(v, str) else repr(v) for v in weight_map.values()})
         for name in names:
-            if not isinstance(name, str) or Path(name).name != name:
-                raise CheckpointError(f"{path / INDEX} names {name!r}: shards must be files of the checkpoint "
-                                      "directory itself")
+            inside(path, name, f"the shard named by {INDEX}")
         return names
     if (path / WEIGHTS).is_file():
+        inside(path, WEIGHTS)
         return [WEIGHTS]
     raise CheckpointError(f"{path} holds neither {WEIGHTS} nor {INDEX}")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +27,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from vela2.config import LIMITS, HeadsConfig, SpecialTokens, Vela2Config
+from vela2.config import LIMITS, HeadsConfig, SpecialTokens, Vela2Config, check_backbone_sizes
 from vela2.errors import CheckpointError
 from vela2.model.calibration import Calibration
 from vela2.model.checkpoint import INDEX, WEIGHTS, _bf16_weight_names, finish, weight_files
+from vela2.model.manifest import inside
 from vela2.model.modeling import OptionHead, SpanHead, Vela2Model, build_backbone
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ _OFFSET_PROBE = "Offsets map tokens back to characters: alice@example.com, +1-55
 
 def read_hf_config(hf_dir: Path) -> dict:
     """The transformers config.json of `hf_dir`; CheckpointError when absent or of an unsupported type."""
-    path = hf_dir / "config.json"
+    path = inside(hf_dir, "config.json")
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist: not a transformers model directory")
     try:
@@ -59,16 +61,17 @@ def read_hf_config(hf_dir: Path) -> dict:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise CheckpointError(f"model_type {model_type!r} is not supported; supported: "
                               f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-    for key in ("vocab_size", "hidden_size"):
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers"):
         value = cfg.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise CheckpointError(f"{path}: {key} must be a positive integer; got {value!r}")
+    check_backbone_sizes(cfg, str(path))
     return cfg
 
 
 def read_tokenizer(hf_dir: Path) -> Tokenizer:
     """The fast tokenizer of `hf_dir`, checked to give character offsets."""
-    path = hf_dir / "tokenizer.json"
+    path = inside(hf_dir, "tokenizer.json")
     if not path.is_file():
         others = sorted(p.name for p in hf_dir.glob("tokenizer*")) or ["none"]
         raise CheckpointError(f"{path} does not exist (tokenizer files found: {', '.join(others)}); a fast "
@@ -121,6 +124,33 @@ def _target_name(name: str) -> str | None:
                           "model.* and lm_head.* only")
 
 
+def _check_shapes_before_building(hf_dir: Path, hf_cfg: dict) -> None:
+    """CheckpointError unless the weights' own headers agree with the config on the sizes that
+    decide allocation (the embedding's vocab x hidden, the number of layers): read before the model is
+    built or its heads allocated, so a config that lies costs nothing."""
+    try:
+        files = weight_files(hf_dir, " (only safetensors weights are imported)")
+    except (ValueError, KeyError, TypeError, OSError, SafetensorError) as e:
+        raise CheckpointError(f"the weights of {hf_dir} are not readable: {_why(e, hf_dir / WEIGHTS)}") from None
+    embed = "model.embed_tokens.weight"
+    if embed not in files:
+        raise CheckpointError(f"the weights of {hf_dir} have no {embed}")
+    try:
+        with safe_open(str(files[embed]), framework="pt", device="cpu") as sf:
+            shape = tuple(sf.get_slice(embed).get_shape())
+    except (OSError, SafetensorError) as e:
+        raise CheckpointError(f"{files[embed]}: {embed} is not readable: {_why(e, files[embed])}") from None
+    want = (hf_cfg["vocab_size"], hf_cfg["hidden_size"])
+    if shape != want:
+        raise CheckpointError(f"{embed} is {shape[0]:,} x {shape[1]:,} in the weights; config.json says vocab_size x "
+                              f"hidden_size = {want[0]:,} x {want[1]:,}" if len(shape) == 2 else
+                              f"{embed} has shape {shape}; config.json says {want}")
+    layers = {int(m.group(1)) for n in files if (m := re.match(r"model\.layers\.(\d+)\.", n))}
+    if layers != set(range(hf_cfg["num_hidden_layers"])):
+        raise CheckpointError(f"the weights hold {len(layers):,} layers; config.json says num_hidden_layers = "
+                              f"{hf_cfg['num_hidden_layers']:,}")
+
+
 def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, window: int | None = None,
               seed: int = 0, shard_max_bytes: int = SHARD_MAX_BYTES) -> Path:
     """Write the Vela 2 checkpoint of a local transformers decoder directory to `out` (must be empty).
@@ -136,6 +166,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
         raise CheckpointError(f"{out} is not empty; import writes a new checkpoint directory")
     name = default_name(hf_dir) if name is None else name
     check_name(name)
+    _check_shapes_before_building(hf_dir, hf_cfg)
     old_vocab = int(hf_cfg["vocab_size"])
     new_vocab, new_ids = _add_special_tokens(tok, old_vocab)
     config = _vela2_config(hf_cfg, name, new_vocab, window)

@@ -4,6 +4,7 @@ outputs, bf16-held models, and the errors of broken checkpoint directories."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -232,3 +233,43 @@ def test_predict_names_the_model_its_digest_and_the_precision_in_every_answer(de
         (res,) = vela2.predict(demo_model, [row], precision=precision)
         assert res.to_json_dict()["served_by"] == {"name": demo_model.name, "digest": checkpoint.digest(demo_dir),
                                                    "precision": precision}
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda cfg: cfg["backbone"].update(hidden_size=1e6),
+     "config.json backbone: hidden_size must be an integer in [1, 65,536]; got 1000000.0"),
+    (lambda cfg: cfg["backbone"].update(num_hidden_layers=100_000),
+     "num_hidden_layers must be an integer in [1, 1,024]; got 100000"),
+    (lambda cfg: cfg["heads"].update(option_hidden=10**9), "heads: option_hidden must be an integer in"),
+    (lambda cfg: cfg["backbone"].update(hidden_size=65_536, intermediate_size=1 << 20, num_hidden_layers=1_024),
+     "parameters, more than 1e+12"),
+])
+def test_config_sizes_are_bounded_before_anything_is_built(demo_dir, tmp_path, edit, message):
+    path = _copy(demo_dir, tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    edit(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        vela2.load(path)
+
+
+def test_a_config_that_disagrees_with_the_stored_shapes_allocates_nothing(demo_dir, tmp_path, monkeypatch):
+    path = _copy(demo_dir, tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["backbone"]["intermediate_size"] = 4096
+    (path / "config.json").write_text(json.dumps(cfg))
+    allocated = []
+    monkeypatch.setattr(torch.nn.Module, "to_empty", lambda self, **kw: allocated.append(kw))
+    with pytest.raises(CheckpointError, match=r"stored shape \(\d+, \d+\); config expects \((4096, \d+|\d+, 4096)\)"):
+        vela2.load(path)
+    assert allocated == []
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "config.json", WEIGHTS])
+def test_a_file_linking_out_of_the_checkpoint_is_refused(demo_dir, tmp_path, name):
+    path = _copy(demo_dir, tmp_path)
+    outside = tmp_path / f"outside-{name}"
+    shutil.move(path / name, outside)
+    (path / name).symlink_to(outside)
+    with pytest.raises(CheckpointError, match=f"a link to {re.escape(str(outside))}, outside"):
+        vela2.load(path)

@@ -209,6 +209,33 @@ def _lfs_pointers(d: Path) -> None:
         f.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 12345\n")
 
 
+def _set_config(**values):
+    def edit(d: Path) -> None:
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, **values}))
+    return edit
+
+
+def _index_names(target: str):
+    """The index names `target` for one tensor (a path out of the directory); a file is there."""
+    def edit(d: Path) -> None:
+        index = json.loads((d / "model.safetensors.index.json").read_text())
+        first = next(iter(index["weight_map"]))
+        source = d / index["weight_map"][first]
+        if not target.startswith("/"):
+            shutil.copy(source, d.parent / Path(target).name)  # what the import must not copy
+        index["weight_map"][first] = target
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    return edit
+
+
+def _shard_links_out(d: Path) -> None:
+    shard = sorted(d.glob("model-*.safetensors"))[0]
+    outside = d.parent / "elsewhere.safetensors"
+    shutil.move(shard, outside)
+    shard.symlink_to(outside)
+
+
 def _truncate_weights(d: Path) -> None:
     with open(d / "model.safetensors", "r+b") as f:
         f.truncate(1000)
@@ -220,6 +247,17 @@ def _truncate_weights(d: Path) -> None:
     ("llama-single", lambda d: (d / "tokenizer.json").write_text('{"version": "1.0", "trunc'),
      "tokenizer.json is not a readable fast tokenizer"),
     ("llama-single", _truncate_weights, "are not readable"),
+    # files out of the directory: never read, never copied (issue 38)
+    ("qwen2-sharded", _index_names("../secret.safetensors"), "must be a file of the directory itself (no path)"),
+    ("qwen2-sharded", _index_names("/etc/passwd"), "must be a file of the directory itself (no path)"),
+    ("qwen2-sharded", _shard_links_out, "outside"),
+    # sizes checked before anything is built or allocated
+    ("llama-single", _set_config(hidden_size=1e6), "hidden_size must be a positive integer; got 1000000.0"),
+    ("llama-single", _set_config(num_hidden_layers=100_000),
+     "num_hidden_layers must be an integer in [1, 1,024]; got 100000"),
+    ("llama-single", _set_config(intermediate_size=10**9), "intermediate_size must be an integer in"),
+    ("llama-single", _set_config(hidden_size=4096), "in the weights; config.json says vocab_size x hidden_size"),
+    ("llama-single", _set_config(num_hidden_layers=7), "layers; config.json says num_hidden_layers = 7"),
     ("qwen2-sharded", _lfs_pointers, "is a git-lfs pointer file, not the weights: run `git lfs pull`"),
     ("llama-single", _lfs_pointers, "is a git-lfs pointer file, not the weights: run `git lfs pull`"),
 ])
