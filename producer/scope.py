@@ -8,7 +8,8 @@ from typing import Any
 
 from vela2.api.schemas import RowResult
 from vela2.config import LIMITS
-from vela2.errors import InvalidRequest, LimitExceeded
+from vela2.errors import IdConflict, InvalidRequest, LimitExceeded
+from vela2.wire.jobs import reserved_id
 from vela2.wire.keys import id_problem, scoped_id, tenant_problem, unscoped_id
 
 
@@ -32,7 +33,12 @@ class Scope:
         return scoped_id(self.tenant, rid)
 
     def wire_items(self, items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        """Prepared (id, request) pairs as they travel; LimitExceeded when a scoped id is too long."""
+        """Prepared (id, request) pairs as they travel; LimitExceeded when a scoped id is too long,
+        IdConflict for an id of a bulk job line's form (vela2.wire.jobs.reserved_id)."""
+        for rid, _ in items:
+            if reserved_id(rid):
+                raise IdConflict(f"id {rid!r} has the form of a bulk job line's (batch_<32 hex>#<line>), which "
+                                 "only jobs may use: choose another id", [rid])
         if self.tenant is None:
             return items
         out = []

@@ -29,6 +29,7 @@ submitter stopped beating before the input was done (killed mid-upload); else `i
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,6 +157,16 @@ CANCELLED_MESSAGE = "cancelled (the request, or its bulk job) before a worker st
 def new_job_id() -> str:
     """A fresh job id (`batch_<32 hex>`)."""
     return JOB_ID_PREFIX + uuid.uuid4().hex
+
+
+_LINE_ID = re.compile(re.escape(JOB_ID_PREFIX) + r"[0-9a-f]{32}" + re.escape(LINE_SEP) + r"\d+")
+
+
+def reserved_id(rid: str) -> bool:
+    """Whether a caller's id has the form of a bulk job line's (`batch_<32 hex>#<line>`): such an id
+    would take that line's place (its answer stored first, the line then skipped as a duplicate,
+    the job never ending), so no single request may use it."""
+    return _LINE_ID.fullmatch(rid) is not None
 
 
 def request_wire_id(job: str, line: int) -> str:

@@ -140,3 +140,31 @@ def test_a_tenant_sees_and_cancels_only_its_own_batches(redis_url, http_server, 
             time.sleep(0.02)
         lines = http.get(f"/v1/batches/{job}/output", headers=acme).text.splitlines()
         assert [json.loads(x)["id"] for x in lines] == ["r-0", "r-1"]  # the tenant's ids, as given
+
+
+def test_a_single_request_cannot_take_a_job_lines_id(redis_url, http_server, fake_worker):
+    """Job lines travel as <job>#<line>: a single request under that id is refused (409 id_conflict,
+    IdConflict from the clients) before anything is written, and the job's every line is answered."""
+    from producer.client import Client
+    from vela2.errors import IdConflict
+    from vela2.wire.keys import result_key, submitted_key
+
+    worker = fake_worker()
+    worker.pause()
+    base = http_server(redis_url)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        job = http.post("/v1/batches", content=jsonl([row(i) for i in range(3)])).json()
+        taken = f"{job['id']}#1"
+        sys1 = {"id": taken, "model": MODEL, "input": "Is it?",
+                "tasks": [{"name": "q", "kind": "choice", "question": "Is it?", "options": ["yes", "no"]}]}
+        r = http.post("/v1/system_one", json=sys1, params={"wait_s": 0})
+        assert r.status_code == 409 and r.json()["error"]["type"] == "id_conflict", r.text
+        assert "only jobs may use" in r.json()["error"]["message"]
+        client = Client(redis_url, model=MODEL)
+        with pytest.raises(IdConflict, match="has the form of a bulk job line's"):
+            client.submit({**row(9), "id": taken})
+        assert not client.redis.exists(result_key(taken)) and not client.redis.exists(submitted_key(taken))
+        client.close()
+        worker.resume()
+        done = wait_ended(http, job["id"])
+        assert done["status"] == "completed" and done["counts"]["ok"] == 3
