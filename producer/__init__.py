@@ -5,9 +5,10 @@ The exceptions a caller catches are re-exported here (all from vela2.errors): In
 request the worker would refuse; a ValueError), LimitExceeded (over a documented limit; an
 InvalidRequest), ModelMismatch (a SystemOne request naming another model; an InvalidRequest),
 IdConflict (an id already naming other content), ResultExpired (answered, but the answer expired
-from Redis; a LookupError), JobNotFound (a bulk job id that is unknown; a LookupError), and
-Vela2Error, the base of them all. Redis being away raises redis.ConnectionError; a wait past its
-timeout raises TimeoutError. Test helpers: producer.testing.
+from Redis; a LookupError), JobNotFound (a bulk job id that is unknown; a LookupError), StoreFull
+(Redis is up and refuses writes for memory: nothing was queued), and Vela2Error, the base of them
+all. Redis being away raises redis.ConnectionError; a wait past its timeout raises TimeoutError.
+Test helpers: producer.testing.
 """
 
 from producer.aio import AsyncClient
@@ -19,8 +20,9 @@ from vela2.errors import (
     LimitExceeded,
     ModelMismatch,
     ResultExpired,
+    StoreFull,
     Vela2Error,
 )
 
 __all__ = ["AsyncClient", "Client", "IdConflict", "InvalidRequest", "JobNotFound", "LimitExceeded", "ModelMismatch",
-           "ResultExpired", "Vela2Error"]
+           "ResultExpired", "StoreFull", "Vela2Error"]

@@ -48,6 +48,7 @@ from producer.submitting import (
     nothing_sent,
     plan_submit,
     read_claims,
+    store_full,
     unanswered,
 )
 from producer.waiting import check_timeout
@@ -349,7 +350,10 @@ class AsyncClient:
         messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires)
         pipe = self.redis.pipeline(transaction=False)
         claim_commands(pipe, items, queue, self.submitted_ttl_s if self.track_submitted else None)
-        claims = read_claims(items, await pipe.execute())
+        try:
+            claims = read_claims(items, await pipe.execute())
+        except redis.exceptions.RedisError as exc:
+            raise (store_full(exc) or exc) from exc
         if claims.conflicts:
             if claims.marked:
                 await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])
@@ -360,13 +364,16 @@ class AsyncClient:
         try:
             await self._push(todo)
         except Exception as exc:
-            if (isinstance(exc, Busy) or nothing_sent(exc)) and claims.marked:
+            full = store_full(exc)
+            if (isinstance(exc, Busy) or full is not None or nothing_sent(exc)) and claims.marked:
                 # nothing queued: take the markers back (see producer.Client._submit)
                 try:
                     await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])
                 except Exception as gone:  # noqa: BLE001 - the push's error is the one to raise
                     log.warning("could not take back %d submitted marker(s) after a failed push: %s",
                                 len(claims.marked), gone)
+            if full is not None:
+                raise full from exc
             raise
 
     async def submit(

@@ -41,6 +41,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+import redis.exceptions
+
 from producer import brokers
 from producer.answers import RESULT_EXPIRED, expired_answer, expired_row, result_expired_error
 from producer.prepare import check_words, pack_messages, prepare_many, prepare_request
@@ -55,6 +57,7 @@ from producer.submitting import (
     plan_submit,
     read_claims,
     release_quietly,
+    store_full,
     unanswered,
 )
 from producer.waiting import check_timeout, wait_many, wait_one
@@ -159,7 +162,10 @@ class Client:
 
     def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int, expires: datetime | None) -> None:
         messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires)  # sizes: before any claim
-        claims = self.claim(items, queue)
+        try:
+            claims = self.claim(items, queue)
+        except redis.exceptions.RedisError as exc:
+            raise (store_full(exc) or exc) from exc
         if claims.conflicts:
             self.release(claims.marked)
             raise conflict_error([self.scope.caller(w) for w in claims.conflicts])
@@ -169,9 +175,12 @@ class Client:
         try:
             self._push(todo)
         except Exception as exc:
-            if nothing_sent(exc):
+            full = store_full(exc)
+            if full is not None or nothing_sent(exc):
                 # nothing queued: a marker left behind would read "pending" for a day and hold the id
                 release_quietly(self.release, claims.marked)
+            if full is not None:
+                raise full from exc
             raise
 
     def submit(

@@ -17,7 +17,7 @@ from typing import Any
 import redis.exceptions
 
 from producer.prepare import pack_messages
-from vela2.errors import IdConflict, InvalidRequest
+from vela2.errors import IdConflict, InvalidRequest, StoreFull
 from vela2.wire.keys import cancel_key, result_key, submitted_key
 from vela2.wire.messages import Message, request_digest
 from vela2.wire.results import CLAIM_ANSWERED, CLAIM_CONFLICT, CLAIM_MARKED, CLAIM_SCRIPT, claim_args
@@ -84,6 +84,17 @@ def check_ttl(submitted_ttl_s: Any) -> int:
     if isinstance(submitted_ttl_s, bool) or not isinstance(submitted_ttl_s, int) or submitted_ttl_s < 1:
         raise InvalidRequest(f"submitted_ttl_s must be a whole number of seconds >= 1; got {submitted_ttl_s!r}")
     return submitted_ttl_s
+
+
+def store_full(exc: BaseException) -> StoreFull | None:
+    """The StoreFull a Redis refusal for memory stands for (redis-py's OutOfMemoryError, or an `OOM`
+    error reply inside a script or pipeline), or None for any other error."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or (
+            isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("OOM")):
+        return StoreFull("Redis refuses writes: it is full (used memory over its maxmemory); nothing was queued. "
+                         "Results free memory as they expire or are read and deleted; an operator can raise "
+                         "maxmemory")
+    return None
 
 
 def nothing_sent(exc: BaseException) -> bool:

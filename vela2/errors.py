@@ -73,6 +73,14 @@ class StorageError(Vela2Error):
     code = "storage_error"
 
 
+class StoreFull(Vela2Error):
+    """Redis is up but refuses writes: it reached its maxmemory (OOM). Nothing of the refused
+    submission was queued. Results expire (result_expires) or can be read and deleted; an operator can
+    raise maxmemory. HTTP 507."""
+
+    code = "store_full"
+
+
 class PoisonRequest(ModelError):
     """A request that was running every time a worker process died, `max_attempts` times; it is
     answered with this error and moved to the model's dead-letter list."""

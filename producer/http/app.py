@@ -67,6 +67,7 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
 500   the worker failed on it (e.g. ``model_error``): the error answer
 429   every Redis connection of the route stayed busy for ``--redis-wait-s`` (``busy``; with
       ``Retry-After``): load, not an outage
+507   Redis refuses writes for memory (``store_full``): nothing was queued
 503   Redis unreachable, or (``--wait-replicas N``) fewer than N replicas took the submission
 504   ``status: expired``: its ``deadline_s`` passed before a worker scored it
 ====  ==========================================================================================
@@ -121,10 +122,11 @@ from producer.http.state import (
     RouteState,
     Settings,
 )
+from producer.submitting import store_full
 from vela2 import __version__
 from vela2.api.schemas import ErrorInfo
 from vela2.api.systemone import request_schema
-from vela2.errors import ConfigError, InvalidRequest, JobNotFound
+from vela2.errors import ConfigError, InvalidRequest, JobNotFound, StoreFull
 from vela2.wire import tracing
 from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url, url_from_args
 
@@ -215,6 +217,7 @@ def add_exception_handlers(app: FastAPI) -> None:
     app.exception_handler(Refused)(refused)
     app.exception_handler(Busy)(busy)
     app.exception_handler(redis.exceptions.RedisError)(redis_down)
+    app.exception_handler(StoreFull)(full_store)
     app.exception_handler(RequestValidationError)(bad_params)
     app.exception_handler(JobNotFound)(no_job)
 
@@ -238,9 +241,19 @@ async def busy(request: Request, exc: Busy) -> JSONResponse:
 
 
 async def redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONResponse:
-    """503: Redis is unreachable (or took a submission on too few replicas)."""
+    """503: Redis is unreachable (or took a submission on too few replicas); 507 store_full when it
+    answered and refused a write for memory."""
+    full = store_full(exc)
+    if full is not None:
+        log.warning("redis refuses writes: %s", exc)
+        return error(507, full)
     log.warning("redis error: %s", exc)
     return unavailable(exc)
+
+
+async def full_store(_: Request, exc: StoreFull) -> JSONResponse:
+    """507 store_full: Redis refuses writes for memory (a route whose own code raised it)."""
+    return error(507, exc)
 
 
 async def bad_params(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -58,6 +58,7 @@ ANSWER_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorAnswer, "description": "invalid request (the message names the field, limit and value)"},
     500: {"model": SystemOneAnswer, "description": "the worker failed on this request"},
     503: {"model": ErrorAnswer, "description": "redis is unreachable"},
+    507: {"model": ErrorAnswer, "description": "Redis refuses writes for memory (store_full): nothing was queued"},
     504: {"model": SystemOneAnswer, "description": "expired: the deadline passed before it was scored"},
 }
 

@@ -30,7 +30,7 @@ from producer.http.state import Settings
 from producer.prepare import prepare_request
 from vela2.api.systemone import parse_request
 from vela2.config import LIMITS
-from vela2.errors import IdConflict, InvalidRequest, ModelMismatch, ResultExpired, Vela2Error
+from vela2.errors import IdConflict, InvalidRequest, ModelMismatch, ResultExpired, StoreFull, Vela2Error
 
 router = APIRouter()
 
@@ -128,6 +128,8 @@ async def post_system_one(request: Request, tenant: Tenant, state: Shared) -> JS
         rid = await state.client(tenant).submit(obj, deadline_s=query.deadline_s, validate=False)
     except IdConflict as e:
         return error(409, e, obj)
+    except StoreFull as e:  # Redis is up and refuses writes (maxmemory): not "unreachable"
+        return error(507, e, obj)
     except Vela2Error as e:  # over the message size once wrapped
         return error(422, e, obj)
     wait = settings.timeout_s if query.wait_s is None else query.wait_s
