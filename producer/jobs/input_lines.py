@@ -1,7 +1,8 @@
 """A bulk job's input line as the request it queues, or as the answer it gets at once: a line that
 cannot be queued (not JSON, no object, an invalid request, a bad custom_id, over the message size)
-is answered with its error result (`error_meta`); a line read after the job was cancelled is
-answered `cancelled` (`cancelled_meta`). Both are stored in the worker's shapes (vela2.wire.results)."""
+gets its error answer kept in the job's ids entry (`invalid_answer`; no stored result); a line read
+after the job was cancelled is answered `cancelled` (`cancelled_meta`), stored in the worker's shapes
+(vela2.wire.results)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from vela2.wire.keys import id_problem, queue_name
 from vela2.wire.messages import build_message, decode_json, request_id
 from vela2.wire.results import row_meta
 
+ERROR_MESSAGE_CHARS = 300  # an invalid line's error message is cut to this in its job's ids entry
 _SIZE_CHECK_SLACK = 1024  # lines longer than max_message_bytes minus this get an exact size check
 
 
@@ -56,11 +58,17 @@ def parse_line(raw: bytes, lineno: int, model: str) -> tuple[str, str, Any, Vela
     return kind, caller, obj, None
 
 
-def error_meta(wire: str, obj: Any, exc: BaseException) -> dict[str, Any]:
-    """The stored meta of a line answered at once with an error (the worker's shapes; the task as
-    the worker gives a refused request's, `guess_id_task`: escaped where UTF-8 cannot encode it)."""
-    answer = {**error_answer(obj, exc), "id": wire} if is_system_one(obj) else None
-    return row_meta(wire, error_result(wire, guess_id_task(obj)[1], exc), answer)
+def invalid_answer(wire: str, obj: Any, exc: BaseException) -> dict[str, Any]:
+    """The error answer of a line refused at once, as its job's ids entry keeps it (vela2.wire.jobs.
+    invalid_entry): the worker's shapes (the SystemOne error answer, else the row's error result,
+    the task as the worker gives a refused request's: `guess_id_task`), the message cut to
+    ERROR_MESSAGE_CHARS."""
+    answer = ({**error_answer(obj, exc), "id": wire} if is_system_one(obj)
+              else error_result(wire, guess_id_task(obj)[1], exc).to_json_dict())
+    message = answer["error"]["message"]
+    if len(message) > ERROR_MESSAGE_CHARS:
+        answer["error"]["message"] = message[: ERROR_MESSAGE_CHARS - 3] + "..."
+    return answer
 
 
 def cancelled_meta(wire: str, obj: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from producer.answers import http_status
 from producer.client import Client
 from producer.jobs.records import job_info
 from vela2.api.schemas import Status
-from vela2.wire.jobs import KIND_OPENAI, JobInfo, parse_ids_entry, request_wire_id
+from vela2.wire.jobs import JOB_ERROR_BYTES, KIND_OPENAI, JobInfo, parse_ids_entry, request_wire_id
 from vela2.wire.keys import job_ids_key, result_key
 from vela2.wire.results import parse_answer
 
@@ -51,6 +51,16 @@ def _missing(wire: str, info: JobInfo) -> dict[str, Any]:
     return {"id": wire, "status": Status.error.value, "error": {"type": "result_expired", "message": message}}
 
 
+def _kept(answer: dict[str, Any], wire: str) -> dict[str, Any]:
+    """An invalid line's error answer from its ids entry (its id put back); one whose answer was
+    not kept (the submission's JOB_ERROR_BYTES spent before it) says so."""
+    if answer:
+        return {**answer, "id": wire}
+    message = (f"the line was invalid; its error message was not kept: a job keeps the errors of its first "
+               f"{JOB_ERROR_BYTES:,} bytes of invalid lines")
+    return {"id": wire, "status": Status.error.value, "error": {"type": "invalid_request", "message": message}}
+
+
 def job_lines(client: Client, job_id: str, *, timeout_s: float | None = None,
               poll_s: float = DEFAULT_POLL_S) -> Iterator[tuple[dict[str, Any], bool]]:
     """(output line, ok) for every input line of the job, in input order, as the answers come:
@@ -66,12 +76,12 @@ def job_lines(client: Client, job_id: str, *, timeout_s: float | None = None,
         wires = [request_wire_id(job, pos + i) for i in range(len(entries))]
         raws = client.redis.mget([result_key(w) for w in wires]) if wires else []
         for raw, entry, wire in zip(raws, entries, wires, strict=True):
-            answer = parse_answer(raw)
+            kind, caller, invalid = parse_ids_entry(entry)
+            answer = _kept(invalid, wire) if invalid is not None else parse_answer(raw)
             if answer is None:
                 if not info.ended:
                     break
                 answer = _missing(wire, info)
-            kind, caller = parse_ids_entry(entry)
             yield output_line(kind, caller, client.scope.caller(wire), answer)
             pos += 1
         else:

@@ -21,7 +21,7 @@ import redis.exceptions
 
 from producer import brokers
 from producer.client import Client
-from producer.jobs.input_lines import cancelled_meta, error_meta, parse_line
+from producer.jobs.input_lines import cancelled_meta, invalid_answer, parse_line
 from producer.jobs.records import prune_jobs_index
 from producer.prepare import pack_messages
 from vela2.config import LIMITS
@@ -30,8 +30,10 @@ from vela2.wire.jobs import (
     BEAT_SCRIPT,
     DEFAULT_WINDOW_S,
     FINISH_INPUT_SCRIPT,
+    JOB_ERROR_BYTES,
     SUBMIT_BEAT_S,
     ids_entry,
+    invalid_entry,
     job_keys,
     new_job_id,
     request_wire_id,
@@ -73,7 +75,9 @@ class _Submitter:
         self.store = ResultStore(client.redis, ttl_s=result_ttl_s)
         self.entries: list[str] = []  # ids-list entries of the lines waiting
         self.good: list[tuple[str, Any]] = []  # (wire id, request) to queue
-        self.answered: list[tuple[str, dict[str, Any]]] = []  # (wire id, meta) answered here
+        self.answered: list[tuple[str, dict[str, Any]]] = []  # (wire id, meta) answered here (cancelled)
+        self.invalid = 0  # invalid lines among the waiting ones (counted as errors with the push)
+        self.error_bytes = 0  # bytes of invalid lines' entries so far (JOB_ERROR_BYTES keep messages)
         self.cancelled = False  # the job's cancel was seen: the rest is answered here, not queued
         self.summary = JobSubmitted(client.scope.caller(job))
 
@@ -85,11 +89,18 @@ class _Submitter:
         kind, caller, obj, err = parse_line(raw, lineno, self.client.model)
         wire = request_wire_id(self.job, self.summary.lines)
         self.summary.lines += 1
-        self.entries.append(ids_entry(kind, caller))
-        if err is not None:
+        if err is not None:  # answered here, in its ids entry: counted on the job with the push
             self.summary.invalid += 1
-            self.answered.append((wire, error_meta(wire, obj, err)))
-        elif self.cancelled:
+            self.invalid += 1
+            keep = self.error_bytes < JOB_ERROR_BYTES
+            entry = invalid_entry(kind, caller, invalid_answer(wire, obj, err) if keep else None)
+            self.error_bytes += len(entry)
+            self.entries.append(entry)
+            if len(self.entries) >= PUSH_LINES:
+                self.push()
+            return
+        self.entries.append(ids_entry(kind, caller))
+        if self.cancelled:
             self.summary.cancelled += 1
             self.answered.append((wire, cancelled_meta(wire, obj)))
         else:
@@ -109,6 +120,8 @@ class _Submitter:
         pipe.rpush(self.keys[1], *self.entries)
         pipe.expire(self.keys[1], self.ttl_s)
         pipe.hincrby(self.keys[0], "total", len(self.entries))
+        if self.invalid:  # answered in their entries: counted with the lines (the job may end on them)
+            pipe.hincrby(self.keys[0], "error", self.invalid)
         pipe.hset(self.keys[0], "beat", time.time())
         same = self.client.broker is self.client.redis  # queues beside the job record: one round trip
         if same:
@@ -128,7 +141,7 @@ class _Submitter:
                       if isinstance(o, Exception)]
             if failed:
                 raise failed[0]
-        self.entries, self.good, self.answered = [], [], []
+        self.entries, self.good, self.answered, self.invalid = [], [], [], 0
         self.cancelled = self.cancelled or replies[-1] is not None
 
     def finish(self) -> None:

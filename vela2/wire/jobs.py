@@ -10,6 +10,9 @@ A job is two keys (names in vela2.wire.keys) and an index entry:
 - `vela2:job:<id>:ids` (a list): one entry per input line, in input order: a one-character kind
   (`r`: a row or SystemOne request; `o`: an OpenAI-batch line) then the caller's id (the row's
   id, its content id, `line-<N>` for a line that is no JSON object, or the OpenAI `custom_id`).
+  An invalid line (answered by the submitter) keeps its error answer in its entry instead of a
+  stored result (`invalid_entry`: kinds R / O, or bare x / y past JOB_ERROR_BYTES) and is counted
+  as an error when it is registered.
   Line n (0-based) travels and is stored under `<job>#<n>` (`request_wire_id`), so two lines with
   one id, or two jobs over one file, never meet; the caller's id is put back when results are read.
 - `vela2:jobs:<model>` (a sorted set): job id -> created_at, for `vela2 jobs list` and the metrics.
@@ -40,6 +43,15 @@ JOB_ID_PREFIX = "batch_"  # job ids look like OpenAI's: batch_<32 hex>
 LINE_SEP = "#"  # a job line's wire id: <job>#<line index>
 KIND_ROW = "r"  # an ids-list entry of a row / SystemOne line
 KIND_OPENAI = "o"  # an ids-list entry of an OpenAI-batch line (`custom_id` + `body`)
+# An invalid line's entry carries its error answer itself (no result key, no marker: a bad line costs
+# its entry, not a stored result of ~700 bytes kept a day): the kind in upper case, then JSON
+# [caller's id, answer without its id]. Past JOB_ERROR_BYTES of those in one submission, an invalid
+# line's entry is its bare kind (x / y) and caller's id, no bigger than a valid line's; its output
+# line says its message was not kept.
+INVALID_KINDS = {KIND_ROW: "R", KIND_OPENAI: "O"}
+BARE_INVALID_KINDS = {KIND_ROW: "x", KIND_OPENAI: "y"}
+JOB_ERROR_BYTES = 1_000_000  # bytes of error answers one submission keeps
+ERROR_MESSAGE_CHARS = 300  # an invalid line's error message is cut to this
 COUNTED = ("ok", "error", "expired", "cancelled")  # the terminal statuses a job counts
 ENDED = ("completed", "cancelled", "expired", "failed")  # job statuses after which nothing changes
 STATUSES = ("validating", "in_progress", "cancelling", *ENDED)
@@ -179,10 +191,27 @@ def ids_entry(kind: str, caller_id: str) -> str:
     return kind + caller_id
 
 
-def parse_ids_entry(raw: bytes | str) -> tuple[str, str]:
-    """An ids-list entry -> (kind, caller's id)."""
+def invalid_entry(kind: str, caller_id: str, answer: dict[str, Any] | None) -> str:
+    """The ids-list entry of an invalid line of `kind`: its error `answer` (without its id) kept in
+    the entry, or (None: the submission's JOB_ERROR_BYTES spent) the bare invalid kind."""
+    if answer is None:
+        return BARE_INVALID_KINDS[kind] + caller_id
+    kept = {k: v for k, v in answer.items() if k != "id"}
+    return INVALID_KINDS[kind] + json.dumps([caller_id, kept], ensure_ascii=False, separators=(",", ":"))
+
+
+def parse_ids_entry(raw: bytes | str) -> tuple[str, str, dict[str, Any] | None]:
+    """An ids-list entry -> (kind, caller's id, the error answer of an invalid line ({} when its
+    answer was not kept) or None)."""
     text = raw.decode("utf-8", "surrogatepass") if isinstance(raw, bytes) else raw
-    return text[:1], text[1:]
+    head = text[:1]
+    for kind, invalid in INVALID_KINDS.items():
+        if head == invalid:
+            caller, answer = json.loads(text[1:])
+            return kind, caller, answer
+        if head == BARE_INVALID_KINDS[kind]:
+            return kind, text[1:], {}
+    return head, text[1:], None
 
 
 def _text(value: Any) -> str | None:
