@@ -119,6 +119,8 @@ from producer.http.state import (
     DEFAULT_REDIS_CONNECTIONS,
     DEFAULT_REDIS_WAIT_S,
     DEFAULT_TIMEOUT_S,
+    DEFAULT_UPLOAD_PROCESSES,
+    DEFAULT_UPLOADS_PER_TENANT,
     RouteState,
     Settings,
 )
@@ -150,6 +152,8 @@ def create_app(
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     broker_url: str | None = None,
     wait_replicas: int = 0,
+    upload_processes: int = DEFAULT_UPLOAD_PROCESSES,
+    uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT,
 ) -> FastAPI:
     """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring), queueing
     on `broker_url` when the workers' broker is another Redis (as many connections again there).
@@ -158,12 +162,15 @@ def create_app(
     (say so explicitly: `serve` allows it on loopback only). At most `redis_connections` Redis
     connections; a request waits up to `redis_wait_s` for one, then gets 429 with Retry-After. A
     body not received within `body_timeout_s` gets 408. `wait_replicas`: a submission is accepted only
-    once this many replicas of the broker's Redis hold it (Client's `wait_replicas`; fewer: 503)."""
+    once this many replicas of the broker's Redis hold it (Client's `wait_replicas`; fewer: 503).
+    Batch uploads are parsed and queued on `upload_processes` threads of their own, at most
+    `uploads_per_tenant` at once per tenant (more: 429 too_many_uploads)."""
     check_wait_replicas(wait_replicas, broker_url)
     settings = Settings(redis_url=redis_url, model=model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
                         redis_connections=redis_connections, redis_wait_s=redis_wait_s,
                         body_timeout_s=body_timeout_s, max_batch_bytes=max_batch_bytes, broker_url=broker_url,
-                        wait_replicas=wait_replicas)
+                        wait_replicas=wait_replicas, upload_processes=upload_processes,
+                        uploads_per_tenant=uploads_per_tenant)
     state = RouteState(settings)
     app = FastAPI(
         title="Vela 2 SystemOne",
@@ -300,6 +307,8 @@ def serve(
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     broker_url: str | None = None,
     wait_replicas: int = 0,
+    upload_processes: int = DEFAULT_UPLOAD_PROCESSES,
+    uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT,
 ) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
     `keys` None (no authentication) is refused unless `host` is a loopback address; a URL of the
@@ -318,7 +327,8 @@ def serve(
                           "or --no-auth on loopback")
     app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
                      redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
-                     max_batch_bytes=max_batch_bytes, broker_url=broker_url, wait_replicas=wait_replicas)
+                     max_batch_bytes=max_batch_bytes, broker_url=broker_url, wait_replicas=wait_replicas,
+                     upload_processes=upload_processes, uploads_per_tenant=uploads_per_tenant)
     uvicorn.run(app, host=host, port=port, log_level=log_level, http=headers_timeout_protocol(headers_timeout_s))
 
 
@@ -344,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             body_timeout_s=args.body_timeout_s,
             headers_timeout_s=args.headers_timeout_s,
             max_batch_bytes=args.max_batch_bytes,
+            upload_processes=args.upload_processes,
+            uploads_per_tenant=args.uploads_per_tenant,
             broker_url=args.broker,
             wait_replicas=args.wait_replicas,
         )

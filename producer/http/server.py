@@ -19,6 +19,8 @@ from producer.http.state import (
     DEFAULT_REDIS_CONNECTIONS,
     DEFAULT_REDIS_WAIT_S,
     DEFAULT_TIMEOUT_S,
+    DEFAULT_UPLOAD_PROCESSES,
+    DEFAULT_UPLOADS_PER_TENANT,
 )
 from vela2.wire.urls import ENV_BROKER_URL, add_url_arguments
 
@@ -120,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="longest a request's line and headers may take to arrive, then the connection is closed")
     ap.add_argument("--max-batch-bytes", type=_positive(int), default=DEFAULT_MAX_BATCH_BYTES,
                     help="largest JSONL body of POST /v1/batches (held in memory while it is submitted)")
+    ap.add_argument("--upload-processes", type=_positive(int), default=DEFAULT_UPLOAD_PROCESSES,
+                    help="processes that parse and queue batch uploads: online requests never wait for them")
+    ap.add_argument("--uploads-per-tenant", type=_positive(int), default=DEFAULT_UPLOADS_PER_TENANT,
+                    help="batch uploads one tenant may have in progress at once; more get 429 too_many_uploads")
     ap.add_argument("--no-auth", action="store_true",
                     help="serve without authentication (loopback only; it says so at start)")
     return ap

@@ -11,7 +11,8 @@
 
 404 for a job that is unknown, another tenant's, or expired with its results (JobNotFound, answered
 by the app). producer.jobs is synchronous: it runs in worker threads, over the app's bounded
-synchronous pool (RouteState.jobs_client).
+synchronous pool (RouteState.jobs_client); uploads in processes of their own (RouteState.uploads,
+at most --uploads-per-tenant at once per tenant), so online requests never wait behind them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import StringConstraints
 
 from producer import jobs
+from producer.client import Client
 from producer.http.body import receive_body
 from producer.http.deps import Shared, Tenant
 from producer.http.models import Batch, ErrorAnswer, NotFound
@@ -47,6 +49,19 @@ JOB_RESPONSES: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorAnswer, "description": "redis is unreachable"},
 }
 
+UPLOAD_RETRY_AFTER_S = 5  # Retry-After of a 429 too_many_uploads
+
+
+def submit_upload(redis_url: str, broker_url: str | None, model: str, wait_replicas: int, tenant: str | None,
+                  body: bytes, window_s: float, metadata: dict[str, str]) -> dict[str, Any]:
+    """(in an upload process) Submit `body` as a job of `tenant` and return the job (Batch dict)."""
+    client = Client(redis_url, model=model, broker_url=broker_url, tenant=tenant, wait_replicas=wait_replicas)
+    try:
+        done = jobs.submit_job(client, io.BytesIO(body), window_s=window_s, metadata=metadata)  # lines, lazily
+        return jobs.job_info(client, done.id).to_dict()
+    finally:
+        client.close()
+
 router = APIRouter()
 
 
@@ -59,8 +74,10 @@ router = APIRouter()
         201: {"model": Batch, "description": "created: every line registered, its requests queued"},
         408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s"},
         413: {"model": ErrorAnswer, "description": "body over --max-batch-bytes"},
+        429: {"model": ErrorAnswer, "description": "the tenant has --uploads-per-tenant uploads in progress "
+                                                   "(too_many_uploads), or every Redis connection stayed busy (busy)"},
         422: {"model": ErrorAnswer, "description": "no body, or window_s / metadata out of bounds"},
-        **{k: v for k, v in JOB_RESPONSES.items() if k != 404},
+        **{k: v for k, v in JOB_RESPONSES.items() if k not in (404, 429)},
     },
     # Any bytes but none are a valid body (no type in its schema): each line is a request, and a line
     # that is not one becomes an error line of the job, never a refusal of the whole body.
@@ -87,13 +104,25 @@ async def create_batch(
     if not body:
         return error(422, InvalidRequest("the request body is empty: a batch needs at least one line"))
     meta = dict(pair.split("=", 1) for pair in metadata or [])
+    limit = state.settings.uploads_per_tenant
+    running = state.uploading.get(tenant, 0)
+    if running >= limit:
+        message = f"{running} batch uploads of this tenant are in progress; limit {limit} (--uploads-per-tenant)"
+        info = ErrorInfo(type="too_many_uploads", message=message + ": retry when one ends")
+        return JSONResponse(ErrorAnswer(error=info).model_dump(mode="json"), status_code=429,
+                            headers={"Retry-After": str(UPLOAD_RETRY_AFTER_S)})
 
-    def submit() -> dict[str, Any]:  # in a worker thread: producer.jobs is synchronous
-        c = state.jobs_client(tenant)
-        done = jobs.submit_job(c, io.BytesIO(body), window_s=window_s, metadata=meta)  # lines, lazily
-        return jobs.job_info(c, done.id).to_dict()
-
-    return JSONResponse(await asyncio.to_thread(submit), status_code=201)
+    s = state.settings
+    state.uploading[tenant] = running + 1
+    try:
+        created = await asyncio.get_running_loop().run_in_executor(
+            state.uploads, submit_upload, s.redis_url, s.broker_url, s.model, s.wait_replicas, tenant, body,
+            window_s, meta)
+    finally:
+        state.uploading[tenant] -= 1
+        if not state.uploading[tenant]:
+            del state.uploading[tenant]
+    return JSONResponse(created, status_code=201)
 
 
 @router.get("/v1/batches/{job_id}", summary="A bulk job: status and exact counts", response_model=Batch,

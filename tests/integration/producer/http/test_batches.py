@@ -168,3 +168,29 @@ def test_a_single_request_cannot_take_a_job_lines_id(redis_url, http_server, fak
         worker.resume()
         done = wait_ended(http, job["id"])
         assert done["status"] == "completed" and done["counts"]["ok"] == 3
+
+
+def test_a_tenant_gets_at_most_its_share_of_upload_slots(redis_server_factory, http_server):
+    """Six uploads at once while Redis holds writes (CLIENT PAUSE): the one that took the tenant's
+    only slot (--uploads-per-tenant 1) waits for Redis; the five others are refused at once with 429
+    too_many_uploads naming the limit, never queued behind it; once it is done the slot is free."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import redis as redis_lib
+
+    server = redis_server_factory()
+    base = http_server(server.url(), "--uploads-per-tenant", "1")
+    r = redis_lib.Redis.from_url(server.url())
+    with httpx.Client(base_url=base, timeout=60) as http:
+        r.execute_command("CLIENT", "PAUSE", "2000", "WRITE")
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(lambda i: http.post("/v1/batches", content=jsonl([row(i)])), range(6)))
+        codes = sorted(g.status_code for g in got)
+        assert codes == [201, 429, 429, 429, 429, 429], [g.text for g in got]
+        refused = [g for g in got if g.status_code == 429]
+        assert all(g.json()["error"]["type"] == "too_many_uploads" for g in refused)
+        assert all("limit 1 (--uploads-per-tenant)" in g.json()["error"]["message"] for g in refused)
+        assert all(g.headers["Retry-After"] == "5" for g in refused)
+        again = http.post("/v1/batches", content=jsonl([row(7)]))  # the slot is free again
+        assert again.status_code == 201, again.text
+    r.close()
