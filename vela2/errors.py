@@ -73,6 +73,13 @@ class StorageError(Vela2Error):
     code = "storage_error"
 
 
+class UploadTimeout(Vela2Error):
+    """A bulk job's input took longer than allowed to register (the HTTP route's --upload-timeout-s):
+    the job ended `failed`; what it had queued is cancelled. HTTP 408."""
+
+    code = "upload_timeout"
+
+
 class StoreFull(Vela2Error):
     """Redis is up but refuses writes: it reached its maxmemory (OOM). Nothing of the refused
     submission was queued. Results expire (result_expires) or can be read and deleted; an operator can

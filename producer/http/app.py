@@ -120,6 +120,7 @@ from producer.http.state import (
     DEFAULT_REDIS_WAIT_S,
     DEFAULT_TIMEOUT_S,
     DEFAULT_UPLOAD_PROCESSES,
+    DEFAULT_UPLOAD_TIMEOUT_S,
     DEFAULT_UPLOADS_PER_TENANT,
     RouteState,
     Settings,
@@ -128,7 +129,7 @@ from producer.submitting import store_full
 from vela2 import __version__
 from vela2.api.schemas import ErrorInfo
 from vela2.api.systemone import request_schema
-from vela2.errors import ConfigError, InvalidRequest, JobNotFound, StoreFull
+from vela2.errors import ConfigError, InvalidRequest, JobNotFound, StoreFull, UploadTimeout
 from vela2.wire import tracing
 from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url, url_from_args
 
@@ -154,6 +155,7 @@ def create_app(
     wait_replicas: int = 0,
     upload_processes: int = DEFAULT_UPLOAD_PROCESSES,
     uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT,
+    upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S,
 ) -> FastAPI:
     """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring), queueing
     on `broker_url` when the workers' broker is another Redis (as many connections again there).
@@ -164,13 +166,14 @@ def create_app(
     body not received within `body_timeout_s` gets 408. `wait_replicas`: a submission is accepted only
     once this many replicas of the broker's Redis hold it (Client's `wait_replicas`; fewer: 503).
     Batch uploads are parsed and queued on `upload_processes` threads of their own, at most
-    `uploads_per_tenant` at once per tenant (more: 429 too_many_uploads)."""
+    `uploads_per_tenant` at once per tenant (more: 429 too_many_uploads), each registered within
+    `upload_timeout_s` (else 408 upload_timeout, the job failed)."""
     check_wait_replicas(wait_replicas, broker_url)
     settings = Settings(redis_url=redis_url, model=model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
                         redis_connections=redis_connections, redis_wait_s=redis_wait_s,
                         body_timeout_s=body_timeout_s, max_batch_bytes=max_batch_bytes, broker_url=broker_url,
                         wait_replicas=wait_replicas, upload_processes=upload_processes,
-                        uploads_per_tenant=uploads_per_tenant)
+                        uploads_per_tenant=uploads_per_tenant, upload_timeout_s=upload_timeout_s)
     state = RouteState(settings)
     app = FastAPI(
         title="Vela 2 SystemOne",
@@ -225,6 +228,7 @@ def add_exception_handlers(app: FastAPI) -> None:
     app.exception_handler(Busy)(busy)
     app.exception_handler(redis.exceptions.RedisError)(redis_down)
     app.exception_handler(StoreFull)(full_store)
+    app.exception_handler(UploadTimeout)(upload_timeout)
     app.exception_handler(RequestValidationError)(bad_params)
     app.exception_handler(JobNotFound)(no_job)
 
@@ -256,6 +260,11 @@ async def redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONRespon
         return error(507, full)
     log.warning("redis error: %s", exc)
     return unavailable(exc)
+
+
+async def upload_timeout(_: Request, exc: UploadTimeout) -> JSONResponse:
+    """408 upload_timeout: an upload took longer than --upload-timeout-s to register (its job failed)."""
+    return error(408, exc)
 
 
 async def full_store(_: Request, exc: StoreFull) -> JSONResponse:
@@ -309,6 +318,7 @@ def serve(
     wait_replicas: int = 0,
     upload_processes: int = DEFAULT_UPLOAD_PROCESSES,
     uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT,
+    upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S,
 ) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
     `keys` None (no authentication) is refused unless `host` is a loopback address; a URL of the
@@ -328,7 +338,8 @@ def serve(
     app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
                      redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
                      max_batch_bytes=max_batch_bytes, broker_url=broker_url, wait_replicas=wait_replicas,
-                     upload_processes=upload_processes, uploads_per_tenant=uploads_per_tenant)
+                     upload_processes=upload_processes, uploads_per_tenant=uploads_per_tenant,
+                     upload_timeout_s=upload_timeout_s)
     uvicorn.run(app, host=host, port=port, log_level=log_level, http=headers_timeout_protocol(headers_timeout_s))
 
 
@@ -356,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             max_batch_bytes=args.max_batch_bytes,
             upload_processes=args.upload_processes,
             uploads_per_tenant=args.uploads_per_tenant,
+            upload_timeout_s=args.upload_timeout_s,
             broker_url=args.broker,
             wait_replicas=args.wait_replicas,
         )

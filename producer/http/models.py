@@ -79,3 +79,4 @@ class Batch(BaseModel):
     counts: dict[str, int]
     served_by: dict[str, int]  # "<model> <digest, 12 digits> <precision>" -> ok lines it answered
     metadata: dict[str, Any]
+    failed_reason: str | None = None  # a failed job: why its input could not be all registered

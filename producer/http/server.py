@@ -20,6 +20,7 @@ from producer.http.state import (
     DEFAULT_REDIS_WAIT_S,
     DEFAULT_TIMEOUT_S,
     DEFAULT_UPLOAD_PROCESSES,
+    DEFAULT_UPLOAD_TIMEOUT_S,
     DEFAULT_UPLOADS_PER_TENANT,
 )
 from vela2.wire.urls import ENV_BROKER_URL, add_url_arguments
@@ -124,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="largest JSONL body of POST /v1/batches (held in memory while it is submitted)")
     ap.add_argument("--upload-processes", type=_positive(int), default=DEFAULT_UPLOAD_PROCESSES,
                     help="processes that parse and queue batch uploads: online requests never wait for them")
+    ap.add_argument("--upload-timeout-s", type=_positive(float), default=DEFAULT_UPLOAD_TIMEOUT_S,
+                    help="longest one upload may take to register its lines, then 408 upload_timeout (the job fails)")
     ap.add_argument("--uploads-per-tenant", type=_positive(int), default=DEFAULT_UPLOADS_PER_TENANT,
                     help="batch uploads one tenant may have in progress at once; more get 429 too_many_uploads")
     ap.add_argument("--no-auth", action="store_true",

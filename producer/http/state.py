@@ -28,6 +28,7 @@ DEFAULT_REDIS_WAIT_S = 5.0  # longest a request waits for a free one, then 429
 DEFAULT_BODY_TIMEOUT_S = 30.0  # longest a request body may take to arrive, then 408
 DEFAULT_MAX_BATCH_BYTES = 64 << 20  # the largest JSONL body of POST /v1/batches
 DEFAULT_UPLOAD_PROCESSES = 2  # processes that parse and queue batch uploads (online requests never wait for them)
+DEFAULT_UPLOAD_TIMEOUT_S = 300.0  # longest one upload may take to register its lines (then 408; the job fails)
 DEFAULT_UPLOADS_PER_TENANT = 2  # batch uploads one tenant may have in progress at once (more: 429)
 
 
@@ -48,6 +49,7 @@ class Settings:
     wait_replicas: int
     upload_processes: int = DEFAULT_UPLOAD_PROCESSES
     uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT
+    upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S
 
 
 class RouteState:

@@ -25,10 +25,11 @@ from producer.jobs.input_lines import cancelled_meta, invalid_answer, parse_line
 from producer.jobs.records import prune_jobs_index
 from producer.prepare import pack_messages
 from vela2.config import LIMITS
-from vela2.errors import InvalidRequest
+from vela2.errors import InvalidRequest, UploadTimeout
 from vela2.wire.jobs import (
     BEAT_SCRIPT,
     DEFAULT_WINDOW_S,
+    FAIL_JOB_SCRIPT,
     FINISH_INPUT_SCRIPT,
     JOB_ERROR_BYTES,
     SUBMIT_BEAT_S,
@@ -159,6 +160,7 @@ def submit_job(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     on_created: Callable[[str], None] | None = None,
     result_ttl_s: int = DEFAULT_RESULT_EXPIRES_S,
+    max_seconds: float | None = None,
 ) -> JobSubmitted:
     """Create a job for `client`'s model (and tenant) from JSONL `lines` (bytes, as a file opened
     "rb" yields them) and queue its requests on the backfill queue, streaming. `window_s`: the
@@ -166,7 +168,11 @@ def submit_job(
     answered `expired`. `metadata`: free-form JSON (at most MAX_METADATA_BYTES). `on_created(job id)`
     is called as soon as the job exists, before the input is read. `result_ttl_s`: how long the
     job's record lives once it ended, and the TTL of the error results stored here (the workers'
-    result_expires_s). Raises InvalidRequest / LimitExceeded for bad arguments (nothing created)."""
+    result_expires_s). `max_seconds`: the longest the input may take to read and queue (an HTTP
+    upload's cap). Raises InvalidRequest / LimitExceeded for bad arguments (nothing created). When
+    the input cannot be all registered (its reading raised, Redis refused, `max_seconds` passed: then
+    UploadTimeout), the job is ended `failed` at once, naming why, and what it queued is cancelled;
+    the error is raised."""
     if not 0 < window_s <= LIMITS.max_deadline_s:  # NaN fails this too
         raise InvalidRequest(f"window_s is {window_s!r}; it must be > 0 and at most {LIMITS.max_deadline_s:,.0f} s")
     if chunk_size < 1:
@@ -201,11 +207,30 @@ def submit_job(
         on_created(caller_id)
     sub = _Submitter(client, job, chunk_size=chunk_size, expires=created + window_s, ttl_s=ttl_s,
                      result_ttl_s=result_ttl_s)
-    with _beating(client, sub.keys[0]):  # alive while it reads, however slowly its input comes
-        for lineno, raw in enumerate(lines, 1):
-            sub.add(lineno, raw)
-    sub.finish()
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    try:
+        with _beating(client, sub.keys[0]):  # alive while it reads, however slowly its input comes
+            for lineno, raw in enumerate(lines, 1):
+                sub.add(lineno, raw)
+                if deadline is not None and lineno % 1000 == 0 and time.monotonic() > deadline:
+                    raise UploadTimeout(f"the input took longer than {max_seconds:g} s to register: "
+                                        f"{sub.summary.lines:,} lines read, {sub.summary.lines - len(sub.entries):,} "
+                                        f"registered; job {caller_id} failed")
+        sub.finish()
+    except BaseException as exc:
+        _fail(client, sub.keys[0], f"{type(exc).__name__}: {exc}"[:500])
+        raise
     return sub.summary
+
+
+def _fail(client: Client, key: str, reason: str) -> None:
+    """End a job whose input could not be all registered: `failed` with its reason, now (rather than
+    after SUBMIT_STALE_S without a beat), and cancelled, so workers skip what it queued. Best effort:
+    a Redis that refuses this too leaves the job to go `failed` when its beat goes stale."""
+    try:
+        client.redis.eval(FAIL_JOB_SCRIPT, 1, key, time.time(), reason)
+    except redis.exceptions.RedisError as e:
+        log.warning("could not mark job %s failed (%s): it reads failed once its beat is stale", key, e)
 
 
 @contextlib.contextmanager

@@ -130,6 +130,15 @@ return finish(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
 # would make a record with no TTL.
 BEAT_SCRIPT = "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'beat', ARGV[1]) end"
 
+# A submitter that could not register its whole input ends the job `failed` (KEYS job; ARGV now,
+# reason), unless it ended already; the cancel makes workers skip the lines it queued.
+FAIL_JOB_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'status') == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'failed', 'ended_at', ARGV[1], 'failed_reason', ARGV[2])
+redis.call('HSETNX', KEYS[1], 'cancel_at', ARGV[1])
+return 1
+"""
+
 # Ask a job to cancel (KEYS job; ARGV now): -1 no such job; 0 it had ended already; 1 cancel asked now
 # (or earlier). Workers answer its requests not yet started `cancelled`; the job ends `cancelled`. A
 # `failed` job (its submitter gone) takes the cancel too, so that workers skip the lines it had
@@ -241,6 +250,7 @@ class JobInfo:
     beat: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     served: dict[str, int] = field(default_factory=dict)  # identity (served_label) -> ok answers it gave
+    failed_reason: str | None = None  # why the submitter could not register its whole input (FAIL_JOB_SCRIPT)
 
     @property
     def answered(self) -> int:
@@ -272,6 +282,7 @@ class JobInfo:
             "counts": dict(self.counts),
             "served_by": dict(self.served),
             "metadata": self.metadata,
+            **({"failed_reason": self.failed_reason} if self.failed_reason else {}),
         }
 
 
@@ -288,7 +299,7 @@ def job_status(fields: dict[str, Any], now: float) -> str:
 
 
 JOB_FIELDS = ("id", "model", "created_at", "deadline", "window_s", "metadata", "input", "beat", "total",
-              *COUNTED, "cancel_at", "status", "ended_at")
+              *COUNTED, "cancel_at", "status", "ended_at", "failed_reason")
 
 
 def parse_job(values: list[Any], now: float) -> JobInfo | None:
@@ -304,6 +315,7 @@ def parse_job(values: list[Any], now: float) -> JobInfo | None:
         deadline=float(f["deadline"] or 0), window_s=float(f["window_s"] or 0), total=total,
         counts={"queued": max(0, total - sum(counts.values())), **counts}, input_done=f["input"] == "done",
         ended_at=_num(f["ended_at"]), cancel_at=_num(f["cancel_at"]), beat=_num(f["beat"]), metadata=meta,
+        failed_reason=f["failed_reason"],
     )
 
 

@@ -53,11 +53,13 @@ UPLOAD_RETRY_AFTER_S = 5  # Retry-After of a 429 too_many_uploads
 
 
 def submit_upload(redis_url: str, broker_url: str | None, model: str, wait_replicas: int, tenant: str | None,
-                  body: bytes, window_s: float, metadata: dict[str, str]) -> dict[str, Any]:
-    """(in an upload process) Submit `body` as a job of `tenant` and return the job (Batch dict)."""
+                  body: bytes, window_s: float, metadata: dict[str, str], max_seconds: float) -> dict[str, Any]:
+    """(in an upload process) Submit `body` as a job of `tenant` within `max_seconds` and return the
+    job (Batch dict)."""
     client = Client(redis_url, model=model, broker_url=broker_url, tenant=tenant, wait_replicas=wait_replicas)
     try:
-        done = jobs.submit_job(client, io.BytesIO(body), window_s=window_s, metadata=metadata)  # lines, lazily
+        done = jobs.submit_job(client, io.BytesIO(body), window_s=window_s, metadata=metadata,  # lines, lazily
+                               max_seconds=max_seconds)
         return jobs.job_info(client, done.id).to_dict()
     finally:
         client.close()
@@ -72,7 +74,9 @@ router = APIRouter()
     response_model=Batch,
     responses={
         201: {"model": Batch, "description": "created: every line registered, its requests queued"},
-        408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s"},
+        408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s, or its lines "
+                                                   "were not registered within --upload-timeout-s (upload_timeout: "
+                                                   "the job failed)"},
         413: {"model": ErrorAnswer, "description": "body over --max-batch-bytes"},
         429: {"model": ErrorAnswer, "description": "the tenant has --uploads-per-tenant uploads in progress "
                                                    "(too_many_uploads), or every Redis connection stayed busy (busy)"},
@@ -117,7 +121,7 @@ async def create_batch(
     try:
         created = await asyncio.get_running_loop().run_in_executor(
             state.uploads, submit_upload, s.redis_url, s.broker_url, s.model, s.wait_replicas, tenant, body,
-            window_s, meta)
+            window_s, meta, s.upload_timeout_s)
     finally:
         state.uploading[tenant] -= 1
         if not state.uploading[tenant]:

@@ -359,3 +359,28 @@ def test_each_new_job_prunes_expired_entries_of_the_index(redis, client):
     assert redis.zcard(jobs_key(MODEL)) == 40 - jobs_mod.PRUNE_OLDEST + 1
     submit_job(client, lines([row(98)]))
     assert redis.zcard(jobs_key(MODEL)) == 2  # only the live ones
+
+
+def test_an_input_that_cannot_be_all_registered_fails_the_job_at_once_naming_why(redis, client):
+    """Its reading raised, or it took longer than max_seconds: the job reads `failed` now (not after
+    SUBMIT_STALE_S without a beat) with its reason, and what it queued is answered cancelled."""
+    from vela2.errors import UploadTimeout
+
+    def broken():
+        yield from lines([row(1), row(2)])
+        raise OSError("the upload's connection dropped")
+
+    created: list[str] = []
+    with pytest.raises(OSError, match="connection dropped"):
+        submit_job(client, broken(), on_created=created.append)
+    info = job_info(client, created[0])
+    assert info.status == "failed" and "OSError: the upload's connection dropped" in info.failed_reason
+    assert info.to_dict()["failed_reason"] == info.failed_reason
+
+    created.clear()
+    with pytest.raises(UploadTimeout, match=rf"longer than 0 s to register: 1,000 lines read, {PUSH_LINES} registered"):
+        submit_job(client, lines([row(i) for i in range(2500)]), on_created=created.append, max_seconds=0.0)
+    FakeWorker(redis, MODEL).drain()
+    info = job_info(client, created[0])
+    assert info.status == "failed" and info.failed_reason.startswith("UploadTimeout")
+    assert info.total == PUSH_LINES and info.counts["cancelled"] == PUSH_LINES and info.counts["ok"] == 0

@@ -194,3 +194,15 @@ def test_a_tenant_gets_at_most_its_share_of_upload_slots(redis_server_factory, h
         again = http.post("/v1/batches", content=jsonl([row(7)]))  # the slot is free again
         assert again.status_code == 201, again.text
     r.close()
+
+
+def test_an_upload_past_its_time_is_408_and_its_job_failed(redis_url, http_server):
+    base = http_server(redis_url, "--upload-timeout-s", "0.000001")
+    with httpx.Client(base_url=base, timeout=60) as http:
+        r = http.post("/v1/batches", content=jsonl([row(i) for i in range(2500)]))
+        assert r.status_code == 408, r.text
+        err = r.json()["error"]
+        assert err["type"] == "upload_timeout" and "longer than 1e-06 s to register" in err["message"]
+        job = err["message"].rsplit("job ", 1)[1].split()[0]
+        got = http.get(f"/v1/batches/{job}").json()
+        assert got["status"] == "failed" and got["failed_reason"].startswith("UploadTimeout")
