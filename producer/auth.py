@@ -4,9 +4,12 @@ A key is a bearer token (``Authorization: Bearer <key>``). Only its SHA-256 is k
 (``vela2 http --api-keys-file F``, or ``VELA2_API_KEYS_FILE``) or the ``VELA2_API_KEYS`` variable
 holds one JSON object per line::
 
-    {"tenant": "acme", "sha256": "<hex digest of the key>", "models": ["vela2-demo"]}
+    {"tenant": "acme", "sha256": "<hex digest of the key>", "models": ["vela2-demo"],
+     "quotas": {"requests_per_s": 50}}
 
-``models`` is optional (absent: every model). Several keys may name one tenant (rotation). Make a
+``models`` is optional (absent: every model). ``quotas`` is optional (absent: none): the caller's
+limits, enforced by the route across its replicas (producer.quotas): ``requests_per_s`` (SystemOne
+requests and batch lines per second; more: 429 ``quota_exceeded``). Several keys may name one tenant (rotation). Make a
 key with ``python -m producer.auth new TENANT [--models a,b]``: it prints the key once (give it to
 the caller) and the line to append to the keys file.
 """
@@ -22,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from producer.quotas import Quotas
 from vela2.errors import ConfigError
 from vela2.wire.keys import tenant_problem
 
@@ -38,12 +42,15 @@ class ApiKey:
     tenant: str
     sha256: str
     models: frozenset[str] | None = None
+    quotas: Quotas | None = None  # the caller's limits (producer.quotas)
 
     def line(self) -> str:
         """Its keys-file line."""
         obj: dict = {"tenant": self.tenant, "sha256": self.sha256}
         if self.models is not None:
             obj["models"] = sorted(self.models)
+        if self.quotas is not None:
+            obj["quotas"] = self.quotas.to_dict()
         return json.dumps(obj)
 
 
@@ -85,8 +92,9 @@ class KeyRing:
                 obj = json.loads(line)
             except ValueError as e:
                 raise ConfigError(f"{where}: not JSON ({e})") from None
-            if not isinstance(obj, dict) or set(obj) - {"tenant", "sha256", "models"}:
-                raise ConfigError(f"{where}: an object with tenant, sha256 and optionally models is expected")
+            if not isinstance(obj, dict) or set(obj) - {"tenant", "sha256", "models", "quotas"}:
+                raise ConfigError(f"{where}: an object with tenant, sha256 and optionally models and quotas is "
+                                  "expected")
             tenant, digest, models = obj.get("tenant"), obj.get("sha256"), obj.get("models")
             if problem := tenant_problem(tenant):
                 raise ConfigError(f"{where}: {problem}")
@@ -94,7 +102,8 @@ class KeyRing:
                 raise ConfigError(f"{where}: sha256 must be 64 lowercase hex digits (python -m producer.auth new)")
             if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
                 raise ConfigError(f"{where}: models must be a list of model names")
-            keys.append(ApiKey(str(tenant), digest, frozenset(models) if models is not None else None))
+            quotas = Quotas.parse(obj["quotas"], where) if "quotas" in obj else None
+            keys.append(ApiKey(str(tenant), digest, frozenset(models) if models is not None else None, quotas))
         return cls(keys)
 
     @classmethod

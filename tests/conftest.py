@@ -17,6 +17,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -44,6 +45,9 @@ def demo_digest() -> str:
     return h.hexdigest()[:16]
 
 
+DEMO_KEEP_S = 3600.0  # a cached demo unused this long is removed when another is trained
+
+
 def copy_of_cached_demo(dest: Path) -> Path:
     """A copy at `dest` of the demo checkpoint of this code, trained now if no earlier run (or xdist
     worker) did; copied under the lock, so that no other session removes it meanwhile."""
@@ -52,13 +56,16 @@ def copy_of_cached_demo(dest: Path) -> Path:
     done = DEMO_CACHE / digest / "ckpt"
     with FileLock(str(DEMO_CACHE / "train.lock")):
         if not (done / "config.json").exists():
-            for old in DEMO_CACHE.iterdir():  # demos of older code: never used again
-                if old.is_dir():
+            for old in DEMO_CACHE.iterdir():  # demos of older code, unused for a while: never used again
+                # (one used within the hour may be another checkout's, running now: removing it made
+                # two sessions on one machine retrain in turn behind the lock, and time out)
+                if old.is_dir() and time.time() - old.stat().st_mtime > DEMO_KEEP_S:
                     shutil.rmtree(old, ignore_errors=True)
             partial = DEMO_CACHE / digest / "partial"
             shutil.rmtree(partial, ignore_errors=True)
             vela2.init_demo(partial)
             partial.rename(done)
+        os.utime(done.parent)  # used now: kept while its code is in use
         return Path(shutil.copytree(done, dest))
 
 

@@ -125,6 +125,7 @@ from producer.http.state import (
     RouteState,
     Settings,
 )
+from producer.quotas import QuotaExceeded
 from producer.submitting import store_full
 from vela2 import __version__
 from vela2.api.schemas import ErrorInfo
@@ -229,6 +230,7 @@ def add_exception_handlers(app: FastAPI) -> None:
     app.exception_handler(redis.exceptions.RedisError)(redis_down)
     app.exception_handler(StoreFull)(full_store)
     app.exception_handler(UploadTimeout)(upload_timeout)
+    app.exception_handler(QuotaExceeded)(over_quota)
     app.exception_handler(RequestValidationError)(bad_params)
     app.exception_handler(JobNotFound)(no_job)
 
@@ -260,6 +262,13 @@ async def redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONRespon
         return error(507, full)
     log.warning("redis error: %s", exc)
     return unavailable(exc)
+
+
+async def over_quota(_: Request, exc: QuotaExceeded) -> JSONResponse:
+    """429 quota_exceeded naming the quota, its limit and the usage, with Retry-After."""
+    response = error(429, exc)
+    response.headers["Retry-After"] = str(exc.retry_after_s)
+    return response
 
 
 async def upload_timeout(_: Request, exc: UploadTimeout) -> JSONResponse:

@@ -37,6 +37,7 @@ def caller(request: Request, state: Shared) -> str | None:
     found = keys.check(request.headers.get("authorization"), state.settings.model)
     if isinstance(found, Refusal):
         raise Refused(found)
+    request.state.quotas = found.quotas  # the key's limits (producer.quotas), for the routes that count
     return found.tenant
 
 

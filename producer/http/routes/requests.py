@@ -28,6 +28,7 @@ from producer.http.models import ErrorAnswer, Pending
 from producer.http.responses import ANSWER_RESPONSES, error, gone, pending
 from producer.http.state import Settings
 from producer.prepare import prepare_request
+from producer.quotas import take_rate
 from vela2.api.systemone import parse_request
 from vela2.config import LIMITS
 from vela2.errors import IdConflict, InvalidRequest, ModelMismatch, ResultExpired, StoreFull, Vela2Error
@@ -96,7 +97,9 @@ def read_system_one(body: bytes, model: str) -> tuple[Any, JSONResponse | None]:
         **ANSWER_RESPONSES,
         202: {"model": Pending, "description": "queued; not answered in wait_s"},
         408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s"},
-        429: {"model": ErrorAnswer, "description": "every Redis connection stayed busy (busy; Retry-After)"},
+        429: {"model": ErrorAnswer, "description": "the tenant's requests_per_s quota (quota_exceeded: the quota, its "
+                                                   "limit and the usage; Retry-After), or every Redis connection "
+                                                   "stayed busy (busy; Retry-After)"},
         410: {
             "model": ErrorAnswer,
             "description": "answered, and expired from the result store within wait_s (result_expired; "
@@ -121,6 +124,8 @@ async def post_system_one(request: Request, tenant: Tenant, state: Shared) -> JS
     obj, refused = await asyncio.to_thread(read_system_one, body, settings.model)
     if refused is not None:
         return refused
+    # the tenant's request rate, counted before anything is written (429 quota_exceeded)
+    await take_rate(state.client(tenant).redis, tenant or "", getattr(request.state, "quotas", None))
     try:
         # queued unless its id is answered already (then the answer below comes at once), and
         # refused when the id names a request with other content (answered or pending);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -62,3 +63,18 @@ def test_the_new_command_prints_the_key_then_its_line(capsys):
     assert entry == {"tenant": "acme", "sha256": hash_key(key), "models": ["vela2-9b", "vela2-demo"]}
     ring = KeyRing.parse(line, "out")
     assert isinstance(ring.check(f"Bearer {key}", "vela2-demo"), ApiKey)
+
+
+def test_quotas_in_the_keys_file_are_read_and_checked():
+    from producer.quotas import Quotas
+
+    digest = "a" * 64
+    ring = KeyRing.parse(f'{{"tenant": "acme", "sha256": "{digest}", "quotas": {{"requests_per_s": 50}}}}', "k")
+    assert ring.keys[0].quotas == Quotas(requests_per_s=50)
+    assert KeyRing.parse(ring.keys[0].line(), "again").keys[0] == ring.keys[0]  # the line round-trips
+    for quotas, message in [('{"requests_per_s": 0}', "quotas.requests_per_s must be a positive integer; got 0"),
+                            ('{"requests_per_s": 1.5}', "must be a positive integer; got 1.5"),
+                            ('{"tokens": 5}', "unknown quotas ['tokens']; known: ['requests_per_s']"),
+                            ('[5]', "quotas must be an object")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            KeyRing.parse(f'{{"tenant": "acme", "sha256": "{digest}", "quotas": {quotas}}}', "k")

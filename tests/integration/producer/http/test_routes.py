@@ -483,3 +483,43 @@ def test_the_route_queues_on_rabbitmq_when_given_an_amqp_broker(redis_url, amqp_
         assert late.status_code == 202  # no worker: queued (confirmed by RabbitMQ), pending in the result store
         assert http.get("/v1/results/http-amqp-1").status_code == 202
     assert rabbitmq_vhost.ready(online_queue(MODEL)) == 1
+
+
+def test_a_tenants_request_rate_quota_refuses_it_alone(redis_url, redis_server, http_server, fake_worker, tmp_path):
+    """acme may send 5 SystemOne requests a second (quotas.requests_per_s in the keys file): a burst of
+    20 gets 429 quota_exceeded naming the quota, the limit and the usage, with Retry-After, and the
+    refused ones wrote nothing; beta, with no quota, is never refused."""
+    import dataclasses
+
+    import redis as redis_lib
+
+    from producer.auth import new_key
+    from producer.quotas import Quotas
+    from vela2.wire.keys import scoped_id, submitted_key
+
+    fake_worker()
+    key_a, a = new_key("acme")
+    key_b, b = new_key("beta")
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text(dataclasses.replace(a, quotas=Quotas(requests_per_s=5)).line() + "\n" + b.line() + "\n")
+    base = http_server(redis_url, "--api-keys-file", str(keys))
+    acme, beta = {"Authorization": f"Bearer {key_a}"}, {"Authorization": f"Bearer {key_b}"}
+    r = redis_lib.Redis.from_url(redis_url)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        t0 = time.time()
+        got = [http.post("/v1/system_one", json={**REQUEST, "id": f"q-{i}"}, params={"wait_s": 0}, headers=acme)
+               for i in range(20)]
+        seconds = int(time.time()) - int(t0) + 1  # the one-second windows the burst touched
+        refused = [(i, g) for i, g in enumerate(got) if g.status_code == 429]
+        accepted = [g for g in got if g.status_code != 429]
+        assert all(g.status_code in (200, 202) for g in accepted), [g.text for g in accepted]
+        assert refused and 5 <= len(accepted) <= 5 * seconds
+        i, first = refused[0]
+        err = first.json()["error"]
+        assert err["type"] == "quota_exceeded" and "quota requests_per_s of this tenant is 5" in err["message"]
+        assert first.headers["Retry-After"] == "1"
+        assert not r.exists(submitted_key(scoped_id("acme", f"q-{i}")))  # refused before anything was written
+        others = [http.post("/v1/system_one", json={**REQUEST, "id": f"b-{i}"}, params={"wait_s": 0}, headers=beta)
+                  for i in range(20)]
+        assert all(g.status_code in (200, 202) for g in others)
+    r.close()

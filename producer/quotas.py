@@ -1,0 +1,81 @@
+"""Per-tenant quotas of the HTTP route (issue 38), from the API keys file (producer.auth): what one
+tenant may use of the shared Redis and workers, so that no tenant can hurt another.
+
+- ``requests_per_s``: SystemOne requests and bulk-job lines a second. Counted in Redis in a window
+  of one second per tenant (RATE_SCRIPT: one atomic INCRBY, refused and taken back over the limit),
+  so every replica of the route shares one count; a refusal is 429 ``quota_exceeded`` naming the
+  quota, the limit and the usage, with Retry-After, before anything is written.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from vela2.errors import ConfigError, Vela2Error
+
+QUOTA_PREFIX = "vela2:quota:"  # vela2:quota:<tenant>:rate:<unix second>
+
+# KEYS[1] the tenant's window of this second; ARGV n, limit, ttl. Returns the usage refused (> limit,
+# nothing counted), or 0 when the n requests are counted.
+RATE_SCRIPT = """
+local used = redis.call('INCRBY', KEYS[1], ARGV[1])
+if used == tonumber(ARGV[1]) then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
+if used > tonumber(ARGV[2]) then
+  redis.call('DECRBY', KEYS[1], ARGV[1])
+  return used
+end
+return 0
+"""
+WINDOW_TTL_S = 3  # a second's window outlives it briefly (a replica's clock a little behind)
+
+
+class QuotaExceeded(Vela2Error):
+    """A tenant's quota refused a request: `quota`, `limit` and `usage` (what it would have been)."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, quota: str, limit: int, usage: int, retry_after_s: int = 1):
+        super().__init__(f"quota {quota} of this tenant is {limit:,}; this would make it {usage:,}")
+        self.quota, self.limit, self.usage, self.retry_after_s = quota, limit, usage, retry_after_s
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """A tenant's limits (None: unlimited)."""
+
+    requests_per_s: int | None = None
+
+    @classmethod
+    def parse(cls, obj: Any, where: str) -> Quotas:
+        """The quotas of a keys-file line's "quotas" object; ConfigError naming the key and value."""
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{where}: quotas must be an object like {{\"requests_per_s\": 50}}")
+        known = set(cls.__dataclass_fields__)
+        if unknown := sorted(set(obj) - known):
+            raise ConfigError(f"{where}: unknown quotas {unknown}; known: {sorted(known)}")
+        for name, value in obj.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}: quotas.{name} must be a positive integer; got {value!r}")
+        return cls(**obj)
+
+    def to_dict(self) -> dict[str, int]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def rate_key(tenant: str, second: int) -> str:
+    return f"{QUOTA_PREFIX}{tenant}:rate:{second}"
+
+
+async def take_rate(redis: Any, tenant: str, quotas: Quotas | None, n: int = 1) -> None:
+    """Count `n` requests of `tenant` in this second's window; QuotaExceeded (nothing counted) when
+    that would pass its requests_per_s. No quota: nothing is counted."""
+    limit = quotas.requests_per_s if quotas is not None else None
+    if limit is None:
+        return
+    if n > limit:
+        raise QuotaExceeded("requests_per_s", limit, n)
+    used = int(await redis.eval(RATE_SCRIPT, 1, rate_key(tenant, int(time.time())), n, limit, WINDOW_TTL_S))
+    if used:
+        raise QuotaExceeded("requests_per_s", limit, used)
