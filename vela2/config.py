@@ -80,8 +80,9 @@ def check_backbone_sizes(backbone: dict[str, Any], where: str) -> None:
         if key not in backbone or backbone[key] is None:
             continue
         value = backbone[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
-            raise CheckpointError(f"{where}: {key} must be an integer in [1, {bound:,}]; got {value!r}")
+        low = 0 if key == "num_hidden_layers" else 1  # 0 layers: the embedding and heads alone (queue benchmarks)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= bound:
+            raise CheckpointError(f"{where}: {key} must be an integer in [{low}, {bound:,}]; got {value!r}")
     h = int(backbone.get("hidden_size") or 0)
     layers = int(backbone.get("num_hidden_layers") or 0)
     inter = int(backbone.get("intermediate_size") or 4 * h)

@@ -190,19 +190,7 @@ def submit_job(
     # Until it ends, the record lives through its window plus a result lifetime (a job nobody runs
     # goes away); the script that ends it sets the result TTL from then on.
     ttl_s = int(window_s) + int(result_ttl_s)
-    pipe = client.redis.pipeline(transaction=True)
-    pipe.hset(job_key(job), mapping={
-        "id": caller_id, "model": client.model, "tenant": client.scope.tenant or "", "created_at": created,
-        "deadline": created + window_s, "window_s": window_s, "metadata": meta, "input": "reading",
-        "beat": created, "total": 0, "ok": 0, "error": 0, "expired": 0, "cancelled": 0,
-    })
-    pipe.expire(job_key(job), ttl_s)
-    pipe.zadd(jobs_key(client.model), {job: created})
-    pipe.execute()
-    try:
-        prune_jobs_index(client.redis, client.model)
-    except redis.exceptions.RedisError as e:  # housekeeping: the next job prunes again
-        log.warning("could not prune the job index of %s: %s", client.model, e)
+    _create_record(client, caller_id, job, created, window_s, meta, ttl_s)
     if on_created is not None:
         on_created(caller_id)
     sub = _Submitter(client, job, chunk_size=chunk_size, expires=created + window_s, ttl_s=ttl_s,
@@ -221,6 +209,24 @@ def submit_job(
         _fail(client, sub.keys[0], f"{type(exc).__name__}: {exc}"[:500])
         raise
     return sub.summary
+
+
+def _create_record(client: Client, caller_id: str, job: str, created: float, window_s: float, meta: str,
+                   ttl_s: int) -> None:
+    """Write the job's record (input `reading`, counts 0, TTL `ttl_s`) and index it; prune the index."""
+    pipe = client.redis.pipeline(transaction=True)
+    pipe.hset(job_key(job), mapping={
+        "id": caller_id, "model": client.model, "tenant": client.scope.tenant or "", "created_at": created,
+        "deadline": created + window_s, "window_s": window_s, "metadata": meta, "input": "reading",
+        "beat": created, "total": 0, "ok": 0, "error": 0, "expired": 0, "cancelled": 0,
+    })
+    pipe.expire(job_key(job), ttl_s)
+    pipe.zadd(jobs_key(client.model), {job: created})
+    pipe.execute()
+    try:
+        prune_jobs_index(client.redis, client.model)
+    except redis.exceptions.RedisError as e:  # housekeeping: the next job prunes again
+        log.warning("could not prune the job index of %s: %s", client.model, e)
 
 
 def _fail(client: Client, key: str, reason: str) -> None:

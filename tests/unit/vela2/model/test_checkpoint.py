@@ -239,7 +239,7 @@ def test_predict_names_the_model_its_digest_and_the_precision_in_every_answer(de
     (lambda cfg: cfg["backbone"].update(hidden_size=1e6),
      "config.json backbone: hidden_size must be an integer in [1, 65,536]; got 1000000.0"),
     (lambda cfg: cfg["backbone"].update(num_hidden_layers=100_000),
-     "num_hidden_layers must be an integer in [1, 1,024]; got 100000"),
+     "num_hidden_layers must be an integer in [0, 1,024]; got 100000"),
     (lambda cfg: cfg["heads"].update(option_hidden=10**9), "heads: option_hidden must be an integer in"),
     (lambda cfg: cfg["backbone"].update(hidden_size=65_536, intermediate_size=1 << 20, num_hidden_layers=1_024),
      "parameters, more than 1e+12"),

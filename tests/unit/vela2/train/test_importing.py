@@ -254,7 +254,7 @@ def _truncate_weights(d: Path) -> None:
     # sizes checked before anything is built or allocated
     ("llama-single", _set_config(hidden_size=1e6), "hidden_size must be a positive integer; got 1000000.0"),
     ("llama-single", _set_config(num_hidden_layers=100_000),
-     "num_hidden_layers must be an integer in [1, 1,024]; got 100000"),
+     "num_hidden_layers must be an integer in [0, 1,024]; got 100000"),
     ("llama-single", _set_config(intermediate_size=10**9), "intermediate_size must be an integer in"),
     ("llama-single", _set_config(hidden_size=4096), "in the weights; config.json says vocab_size x hidden_size"),
     ("llama-single", _set_config(num_hidden_layers=7), "layers; config.json says num_hidden_layers = 7"),
