@@ -9,9 +9,10 @@ holds one JSON object per line::
 
 ``models`` is optional (absent: every model). ``quotas`` is optional (absent: none): the caller's
 limits, enforced by the route across its replicas (producer.quotas): ``requests_per_s`` (SystemOne
-requests and batch lines per second; more: 429 ``quota_exceeded``). Several keys may name one tenant (rotation). Make a
-key with ``python -m producer.auth new TENANT [--models a,b]``: it prints the key once (give it to
-the caller) and the line to append to the keys file.
+requests a second) and ``live_jobs`` (bulk jobs not ended); past them: 429 ``quota_exceeded``.
+Several keys may name one tenant (rotation; each key carries its own quotas). Make a key with
+``python -m producer.auth new TENANT [--models a,b]``: it prints the key once (give it to the
+caller) and the line to append to the keys file.
 """
 
 from __future__ import annotations

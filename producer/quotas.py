@@ -1,10 +1,14 @@
 """Per-tenant quotas of the HTTP route (issue 38), from the API keys file (producer.auth): what one
 tenant may use of the shared Redis and workers, so that no tenant can hurt another.
 
-- ``requests_per_s``: SystemOne requests and bulk-job lines a second. Counted in Redis in a window
-  of one second per tenant (RATE_SCRIPT: one atomic INCRBY, refused and taken back over the limit),
-  so every replica of the route shares one count; a refusal is 429 ``quota_exceeded`` naming the
-  quota, the limit and the usage, with Retry-After, before anything is written.
+- ``requests_per_s``: SystemOne requests a second. Counted in Redis in a window of one second per
+  tenant (RATE_SCRIPT: one atomic INCRBY, refused and taken back over the limit), so every replica
+  of the route shares one count.
+- ``live_jobs``: bulk jobs not ended. A sorted set per tenant of its jobs' keys (JOBS_SCRIPT: those
+  ended or gone are swept, then the new job is reserved or refused, in one atomic step).
+
+A refusal is 429 ``quota_exceeded`` naming the quota, the limit and the usage, with Retry-After,
+before anything is written.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from typing import Any
 
 from vela2.errors import ConfigError, Vela2Error
 
-QUOTA_PREFIX = "vela2:quota:"  # vela2:quota:<tenant>:rate:<unix second>
+QUOTA_PREFIX = "vela2:quota:"  # vela2:quota:<tenant>:rate:<unix second>, vela2:quota:<tenant>:jobs
+RETRY_JOBS_S = 30  # Retry-After of a live_jobs refusal: jobs end in minutes, not seconds
 
 # KEYS[1] the tenant's window of this second; ARGV n, limit, ttl. Returns the usage refused (> limit,
 # nothing counted), or 0 when the n requests are counted.
@@ -29,6 +34,26 @@ end
 return 0
 """
 WINDOW_TTL_S = 3  # a second's window outlives it briefly (a replica's clock a little behind)
+
+# KEYS[1] the tenant's live jobs (job key -> reserved at); ARGV the new job's key, now, limit, the
+# grace a reserved job has to appear. Each member whose job ended (its hash has a status), or that
+# never appeared within the grace, or whose hash is gone, is removed; then the new job is added, or
+# (at the limit) refused: returns the live count refused, else 0.
+JOBS_SCRIPT = """
+for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local reserved = tonumber(redis.call('ZSCORE', KEYS[1], member))
+  if redis.call('EXISTS', member) == 1 then
+    if redis.call('HEXISTS', member, 'status') == 1 then redis.call('ZREM', KEYS[1], member) end
+  elseif tonumber(ARGV[2]) - reserved > tonumber(ARGV[4]) then
+    redis.call('ZREM', KEYS[1], member)
+  end
+end
+local live = redis.call('ZCARD', KEYS[1])
+if live >= tonumber(ARGV[3]) then return live + 1 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return 0
+"""
+RESERVE_GRACE_S = 60  # a reserved job not created within this is not counted (its upload failed first)
 
 
 class QuotaExceeded(Vela2Error):
@@ -46,6 +71,7 @@ class Quotas:
     """A tenant's limits (None: unlimited)."""
 
     requests_per_s: int | None = None
+    live_jobs: int | None = None
 
     @classmethod
     def parse(cls, obj: Any, where: str) -> Quotas:
@@ -66,6 +92,21 @@ class Quotas:
 
 def rate_key(tenant: str, second: int) -> str:
     return f"{QUOTA_PREFIX}{tenant}:rate:{second}"
+
+
+def jobs_key(tenant: str) -> str:
+    return f"{QUOTA_PREFIX}{tenant}:jobs"
+
+
+async def reserve_job(redis: Any, tenant: str, quotas: Quotas | None, job_key: str) -> None:
+    """Count the new job `job_key` (its hash key) among `tenant`'s live jobs; QuotaExceeded (nothing
+    reserved) at its live_jobs. No quota: nothing is counted."""
+    limit = quotas.live_jobs if quotas is not None else None
+    if limit is None:
+        return
+    live = int(await redis.eval(JOBS_SCRIPT, 1, jobs_key(tenant), job_key, time.time(), limit, RESERVE_GRACE_S))
+    if live:
+        raise QuotaExceeded("live_jobs", limit, live, retry_after_s=RETRY_JOBS_S)
 
 
 async def take_rate(redis: Any, tenant: str, quotas: Quotas | None, n: int = 1) -> None:

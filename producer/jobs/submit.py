@@ -161,6 +161,7 @@ def submit_job(
     on_created: Callable[[str], None] | None = None,
     result_ttl_s: int = DEFAULT_RESULT_EXPIRES_S,
     max_seconds: float | None = None,
+    job_id: str | None = None,
 ) -> JobSubmitted:
     """Create a job for `client`'s model (and tenant) from JSONL `lines` (bytes, as a file opened
     "rb" yields them) and queue its requests on the backfill queue, streaming. `window_s`: the
@@ -169,7 +170,8 @@ def submit_job(
     is called as soon as the job exists, before the input is read. `result_ttl_s`: how long the
     job's record lives once it ended, and the TTL of the error results stored here (the workers'
     result_expires_s). `max_seconds`: the longest the input may take to read and queue (an HTTP
-    upload's cap). Raises InvalidRequest / LimitExceeded for bad arguments (nothing created). When
+    upload's cap). `job_id`: the id to create it under (new_job_id's; the HTTP route reserves it
+    against the tenant's live_jobs quota first). InvalidRequest for bad arguments (nothing created). When
     the input cannot be all registered (its reading raised, Redis refused, `max_seconds` passed: then
     UploadTimeout), the job is ended `failed` at once, naming why, and what it queued is cancelled;
     the error is raised."""
@@ -184,7 +186,7 @@ def submit_job(
         raise InvalidRequest(f"metadata is not standard JSON text: {e}") from None
     if n_bytes > MAX_METADATA_BYTES:
         raise InvalidRequest(f"metadata has {n_bytes:,} bytes of JSON; limit {MAX_METADATA_BYTES:,}")
-    caller_id = new_job_id()
+    caller_id = job_id or new_job_id()
     job = client.scope.wire(caller_id)
     created = time.time()
     # Until it ends, the record lives through its window plus a result lifetime (a job nobody runs

@@ -33,10 +33,12 @@ from producer.http.body import receive_body
 from producer.http.deps import Shared, Tenant
 from producer.http.models import Batch, ErrorAnswer, NotFound
 from producer.http.responses import error
+from producer.quotas import reserve_job
 from vela2.api.schemas import ErrorInfo
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest
-from vela2.wire.jobs import DEFAULT_WINDOW_S
+from vela2.wire.jobs import DEFAULT_WINDOW_S, new_job_id
+from vela2.wire.keys import job_key, scoped_id
 
 # A batch's metadata over HTTP, as OpenAI's: string pairs (within producer.jobs.submit.MAX_METADATA_BYTES as JSON)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
@@ -53,13 +55,14 @@ UPLOAD_RETRY_AFTER_S = 5  # Retry-After of a 429 too_many_uploads
 
 
 def submit_upload(redis_url: str, broker_url: str | None, model: str, wait_replicas: int, tenant: str | None,
-                  body: bytes, window_s: float, metadata: dict[str, str], max_seconds: float) -> dict[str, Any]:
+                  body: bytes, window_s: float, metadata: dict[str, str], max_seconds: float,
+                  job_id: str) -> dict[str, Any]:
     """(in an upload process) Submit `body` as a job of `tenant` within `max_seconds` and return the
     job (Batch dict)."""
     client = Client(redis_url, model=model, broker_url=broker_url, tenant=tenant, wait_replicas=wait_replicas)
     try:
         done = jobs.submit_job(client, io.BytesIO(body), window_s=window_s, metadata=metadata,  # lines, lazily
-                               max_seconds=max_seconds)
+                               max_seconds=max_seconds, job_id=job_id)
         return jobs.job_info(client, done.id).to_dict()
     finally:
         client.close()
@@ -117,11 +120,15 @@ async def create_batch(
                             headers={"Retry-After": str(UPLOAD_RETRY_AFTER_S)})
 
     s = state.settings
+    job_id = new_job_id()
+    # the tenant's live jobs, counted (this one reserved) before anything is written (429 quota_exceeded)
+    await reserve_job(state.client(tenant).redis, tenant or "", getattr(request.state, "quotas", None),
+                      job_key(scoped_id(tenant, job_id)))
     state.uploading[tenant] = running + 1
     try:
         created = await asyncio.get_running_loop().run_in_executor(
             state.uploads, submit_upload, s.redis_url, s.broker_url, s.model, s.wait_replicas, tenant, body,
-            window_s, meta, s.upload_timeout_s)
+            window_s, meta, s.upload_timeout_s, job_id)
     finally:
         state.uploading[tenant] -= 1
         if not state.uploading[tenant]:

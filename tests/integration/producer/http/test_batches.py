@@ -206,3 +206,39 @@ def test_an_upload_past_its_time_is_408_and_its_job_failed(redis_url, http_serve
         job = err["message"].rsplit("job ", 1)[1].split()[0]
         got = http.get(f"/v1/batches/{job}").json()
         assert got["status"] == "failed" and got["failed_reason"].startswith("UploadTimeout")
+
+
+def test_a_tenants_live_jobs_quota_refuses_it_alone(redis_url, http_server, fake_worker, tmp_path):
+    """acme may have 1 live job (quotas.live_jobs): a second upload while the first runs is 429
+    quota_exceeded naming the quota, the limit and the usage, and creates no job; beta (no quota) is
+    not refused; once acme's job ended, its next upload is accepted."""
+    import dataclasses
+
+    from producer.auth import new_key
+    from producer.quotas import Quotas
+
+    worker = fake_worker()
+    worker.pause()
+    key_a, a = new_key("acme")
+    key_b, b = new_key("beta")
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text(dataclasses.replace(a, quotas=Quotas(live_jobs=1)).line() + "\n" + b.line() + "\n")
+    base = http_server(redis_url, "--api-keys-file", str(keys))
+    acme, beta = {"Authorization": f"Bearer {key_a}"}, {"Authorization": f"Bearer {key_b}"}
+    with httpx.Client(base_url=base, timeout=30) as http:
+        first = http.post("/v1/batches", content=jsonl([row(i) for i in range(3)]), headers=acme)
+        assert first.status_code == 201, first.text
+        second = http.post("/v1/batches", content=jsonl([row(9)]), headers=acme)
+        assert second.status_code == 429, second.text
+        err = second.json()["error"]
+        assert err["type"] == "quota_exceeded" and "quota live_jobs of this tenant is 1; this would make it 2" in \
+            err["message"]
+        assert second.headers["Retry-After"] == "30"
+        assert http.post("/v1/batches", content=jsonl([row(9)]), headers=beta).status_code == 201
+        worker.resume()
+        deadline = time.monotonic() + 30
+        while http.get(f"/v1/batches/{first.json()['id']}", headers=acme).json()["status"] != "completed":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        third = http.post("/v1/batches", content=jsonl([row(8)]), headers=acme)
+        assert third.status_code == 201, third.text
