@@ -42,8 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.hotpath import SHAPES, _free_device, add_serving_arguments
-from bench.queue_bench import bench_redis, gpu_info, machine_info, short_rows, write_bench_checkpoint
+from bench.hotpath import SHAPES, _free_device, add_serving_arguments, parse_shapes, shape_arguments, shapes_report
+from bench.queue_bench import bench_redis, short_rows, write_bench_checkpoint
 
 log = logging.getLogger("bench.coldstart")
 
@@ -90,9 +90,7 @@ def write_checkpoint(shape: str, work: Path, args: argparse.Namespace) -> tuple[
     from vela2.model import manifest
     from vela2.model.checkpoint import serving_dtype
 
-    hidden, layers, heads, kv, inter = SHAPES[shape]
-    shape_args = argparse.Namespace(**{**vars(args), "hidden": hidden, "layers": layers, "heads": heads,
-                                       "kv_heads": kv, "intermediate": inter, "model_name": f"vela2-cs-{shape}"})
+    shape_args = shape_arguments(shape, args, f"vela2-cs-{shape}")
     ckpt = write_bench_checkpoint(work / f"ckpt-{shape}", shape_args)
     model = vela2.load(ckpt, device=args.device, dtype=serving_dtype(args.precision), random_weights=True)
     t0 = time.perf_counter()
@@ -272,11 +270,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--log-dir", default=None, help="keep each worker's log here")
     ap.add_argument("--out", default="bench/results/gpu-coldstart.json")
     args = ap.parse_args(argv)
-    args.shapes = [s for s in args.shapes.split(",") if s]
-    args.precision = args.precision or ("fp32" if args.device == "cpu" else "bf16")
-    unknown = [s for s in args.shapes if s not in SHAPES]
-    if unknown:
-        ap.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    parse_shapes(ap, args)
     return args
 
 
@@ -284,10 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    report: dict[str, Any] = {"command": "python -m bench.coldstart " + " ".join(argv), "machine": machine_info(),
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shapes": {}}
-    if args.device.startswith("cuda"):
-        report["gpu"] = gpu_info()
+    report = shapes_report("bench.coldstart", argv, args.device)
     out = Path(args.out)
     lock = threading.Lock()
 

@@ -281,9 +281,7 @@ def run_shape(shape: str, args: argparse.Namespace, work: Path, emit: Any) -> No
     from vela2.config import Vela2Config
     from vela2.model.checkpoint import serving_dtype
 
-    hidden, layers, heads, kv, inter = SHAPES[shape]
-    shape_args = argparse.Namespace(**{**vars(args), "hidden": hidden, "layers": layers, "heads": heads,
-                                       "kv_heads": kv, "intermediate": inter, "model_name": f"vela2-hp-{shape}"})
+    shape_args = shape_arguments(shape, args, f"vela2-hp-{shape}")
     ckpt = write_bench_checkpoint(work / f"ckpt-{shape}", shape_args)
     model_name = Vela2Config.read(ckpt).name
     model = vela2.load(ckpt, device=args.device, dtype=serving_dtype(args.precision), random_weights=True)
@@ -360,6 +358,32 @@ def _free_device(device: str) -> None:
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
+
+
+def shape_arguments(shape: str, args: argparse.Namespace, model_name: str) -> argparse.Namespace:
+    """`args` with the sizes of SHAPES[shape] and `model_name`: what write_bench_checkpoint reads."""
+    hidden, layers, heads, kv, inter = SHAPES[shape]
+    return argparse.Namespace(**{**vars(args), "hidden": hidden, "layers": layers, "heads": heads, "kv_heads": kv,
+                                 "intermediate": inter, "model_name": model_name})
+
+
+def parse_shapes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`args.shapes` (a comma list) as a list of SHAPES' names (ap.error on another), and the
+    precision's default: bf16 on CUDA, fp32 on a CPU."""
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    args.precision = args.precision or ("fp32" if args.device == "cpu" else "bf16")
+    unknown = [s for s in args.shapes if s not in SHAPES]
+    if unknown:
+        ap.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+
+
+def shapes_report(module: str, argv: list[str], device: str) -> dict[str, Any]:
+    """The head of a per-shape benchmark's JSON: its command, the machine, the GPUs on CUDA."""
+    report: dict[str, Any] = {"command": f"python -m {module} " + " ".join(argv), "machine": machine_info(),
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shapes": {}}
+    if device.startswith("cuda"):
+        report["gpu"] = gpu_info()
+    return report
 
 
 def add_serving_arguments(ap: argparse.ArgumentParser) -> None:

@@ -27,17 +27,22 @@ import json
 import logging
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from bench.faults.redis import metric
-from bench.hotpath import SHAPES, _free_device, add_serving_arguments, device_alone
+from bench.hotpath import (
+    SHAPES,
+    _free_device,
+    add_serving_arguments,
+    device_alone,
+    parse_shapes,
+    shape_arguments,
+    shapes_report,
+)
 from bench.queue_bench import (
     READY_TIMEOUT_S,
     bench_redis,
-    gpu_info,
-    machine_info,
     short_rows,
     start_vela2_worker,
     write_bench_checkpoint,
@@ -177,12 +182,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--out", default="bench/results/gpu-latency.json")
     args = ap.parse_args(argv)
-    args.shapes = [s for s in args.shapes.split(",") if s]
     args.loads = [float(x) for x in args.loads.split(",") if x]
-    args.precision = args.precision or ("fp32" if args.device == "cpu" else "bf16")
-    unknown = [s for s in args.shapes if s not in SHAPES]
-    if unknown:
-        ap.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    parse_shapes(ap, args)
     return args
 
 
@@ -190,18 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    report: dict[str, Any] = {"command": "python -m bench.latency " + " ".join(argv), "machine": machine_info(),
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shapes": {}}
-    if args.device.startswith("cuda"):
-        report["gpu"] = gpu_info()
+    report = shapes_report("bench.latency", argv, args.device)
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="vela2-latency-") as tmp:
         work = Path(tmp)
         for shape in args.shapes:
-            hidden, layers, heads, kv, inter = SHAPES[shape]
-            shape_args = argparse.Namespace(**{**vars(args), "hidden": hidden, "layers": layers, "heads": heads,
-                                               "kv_heads": kv, "intermediate": inter,
-                                               "model_name": f"vela2-lat-{shape}", "copies": 1, "max_rows": None})
+            shape_args = argparse.Namespace(**{**vars(shape_arguments(shape, args, f"vela2-lat-{shape}")),
+                                               "copies": 1, "max_rows": None})
             ckpt = write_bench_checkpoint(work / f"ckpt-{shape}", shape_args)
             rows = short_rows(args.short_rows, "dev-", seed=args.seed)
             dev = ({"rows_per_s": args.device_rate, "given": True} if args.device_rate

@@ -40,8 +40,9 @@ WINDOW_TTL_S = 3  # a second's window outlives it briefly (a replica's clock a l
 # never appeared within the grace, or whose hash is gone, is removed; then the new job is added, or
 # (at the limit) refused: returns the live count refused, else 0.
 JOBS_SCRIPT = """
-for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local reserved = tonumber(redis.call('ZSCORE', KEYS[1], member))
+local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #all, 2 do
+  local member, reserved = all[i], tonumber(all[i + 1])
   if redis.call('EXISTS', member) == 1 then
     if redis.call('HEXISTS', member, 'status') == 1 then redis.call('ZREM', KEYS[1], member) end
   elseif tonumber(ARGV[2]) - reserved > tonumber(ARGV[4]) then

@@ -110,10 +110,8 @@ def weight_files(path: Path, missing_hint: str = "") -> dict[str, Path]:
     """tensor name -> file holding it, from the shard index or the single safetensors file (a Vela 2
     checkpoint, or a transformers directory being imported); `missing_hint` ends the error's message.
     Every file must be a regular file of `path` itself (vela2.model.manifest.inside)."""
-    if (path / INDEX).is_file():
-        manifest.weight_file_names(path)  # every shard confined to the directory, before any is opened
-        index = json.loads((path / INDEX).read_text())
-        return {name: path / fname for name, fname in index["weight_map"].items()}
+    if (path / INDEX).is_file():  # every shard confined to the directory, before any is opened
+        return {name: path / fname for name, fname in manifest.index_map(path).items()}
     if (path / WEIGHTS).is_file():
         weights = manifest.inside(path, WEIGHTS)
         with safe_open(str(weights), framework="pt") as f:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import queue
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 
 from vela2.errors import CheckpointError
+from vela2.model.manifest import header_bytes
 
 THREADS = 8  # tensors read at once for a GPU: local NVMe and network disks want several reads in flight
 CPU_THREADS = 2  # for a CPU model: its reads are copies out of the page cache, and each thread's malloc
@@ -47,14 +47,10 @@ class Stored:
 
 def header(path: Path) -> list[Stored]:
     """The tensors of safetensors file `path`, in file order (CheckpointError on a malformed header)."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        (n,) = struct.unpack("<Q", raw) if len(raw) == 8 else (-1,)
-        body = f.read(n) if 0 <= n <= 100 << 20 else b""
-    if len(body) != n or n < 0:
-        raise CheckpointError(f"{path}: not a safetensors file")
+    raw = header_bytes(path)
+    n = len(raw) - 8
     try:
-        meta = json.loads(body)
+        meta = json.loads(raw[8:])
         out = []
         for name, t in meta.items():
             if name == "__metadata__":

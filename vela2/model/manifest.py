@@ -25,7 +25,6 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,21 +60,26 @@ def inside(path: Path, name: str, what: str = "file") -> Path:
     return full
 
 
+def index_map(path: Path) -> dict[str, str]:
+    """tensor name -> shard file name, from the safetensors index of `path`, every shard confined to
+    the directory (`inside`). CheckpointError for an index that is not one."""
+    try:
+        weight_map = json.loads((path / INDEX).read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path / INDEX}: not a safetensors index ({e})") from e
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{path / INDEX}: weight_map must be a JSON object of file names")
+    for name in set(weight_map.values()):
+        inside(path, name, f"the shard named by {INDEX}")
+    return weight_map
+
+
 def weight_file_names(path: Path) -> list[str]:
     """The weight files of checkpoint `path`, by name, sorted: the index's shards, or WEIGHTS.
     Reads the index only (no safetensors file is opened). CheckpointError when there are none or
     when the index names a file outside the directory."""
     if (path / INDEX).is_file():
-        try:
-            weight_map = json.loads((path / INDEX).read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{path / INDEX}: not a safetensors index ({e})") from e
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{path / INDEX}: weight_map must be a JSON object")
-        names = sorted({str(v) if isinstance(v, str) else repr(v) for v in weight_map.values()})
-        for name in names:
-            inside(path, name, f"the shard named by {INDEX}")
-        return names
+        return sorted(set(index_map(path).values()))
     if (path / WEIGHTS).is_file():
         inside(path, WEIGHTS)
         return [WEIGHTS]
@@ -107,8 +111,13 @@ def file_hash(path: Path, limit_bps: float | None = None) -> str:
 
 
 def header_hash(path: Path) -> str:
-    """blake2b-128 of a safetensors file's header (its 8-byte length and the JSON of tensor names,
-    dtypes, shapes and offsets): a cheap fingerprint of its layout. CheckpointError if it has none."""
+    """blake2b-128 of a safetensors file's header (`header_bytes`): a cheap fingerprint of its layout."""
+    return hashlib.blake2b(header_bytes(path), digest_size=16).hexdigest()
+
+
+def header_bytes(path: Path) -> bytes:
+    """A safetensors file's header as stored: its 8-byte length, then the JSON of tensor names, dtypes,
+    shapes and offsets. CheckpointError when the file has none (too short, over MAX_HEADER_BYTES)."""
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
@@ -119,7 +128,7 @@ def header_hash(path: Path) -> str:
         body = f.read(n)
     if len(body) != n:
         raise CheckpointError(f"{path}: truncated safetensors header ({len(body):,} of {n:,} bytes)")
-    return hashlib.blake2b(head + body, digest_size=16).hexdigest()
+    return head + body
 
 
 def combine(hashes: list[tuple[str, str]], random_weights: bool = False) -> str:
@@ -247,15 +256,11 @@ def identify(path: str | Path, *, random_weights: bool = False) -> Identity:
     return Identity(digest)
 
 
-def verify(path: str | Path, manifest: dict[str, Any], *, limit_bps: float | None = None,
-           stopped: Callable[[], bool] = lambda: False) -> str | None:
-    """Hash every weight file of `path` and compare with `manifest`; None when all agree (or
-    `stopped()` became true first), else which file disagrees, in words. `limit_bps` caps the read
-    rate (a serving worker's background check)."""
+def verify(path: str | Path, manifest: dict[str, Any], *, limit_bps: float | None = None) -> str | None:
+    """Hash every file of `path` the manifest lists and compare; None when all agree, else which
+    file disagrees, in words. `limit_bps` caps the read rate (a serving worker's background check)."""
     path = Path(path)
     for name, entry in sorted((manifest.get("files") or {}).items()):
-        if stopped():
-            return None
         try:
             got = file_hash(path / name, limit_bps)
         except OSError as e:

@@ -29,7 +29,7 @@ from worker.runtime.cpu_procs import CpuProcesses, ModelFiles
 from worker.runtime.device import WARMING_UP, ModelSpec, ProcessDevice, ThreadDevice, load_model
 from worker.runtime.early import Early, serve_early
 from worker.runtime.leases import Leases
-from worker.runtime.verify import BackgroundVerify
+from worker.runtime.verify import start_background_verify
 from worker.runtime.warmup import freeze_startup_objects, measure_worst_batch_s
 from worker.settings import WorkerSettings, env_name
 from worker.transport.redis import release_held
@@ -108,8 +108,8 @@ def build_engine(settings: WorkerSettings, on_stored: Callable[[list[Any]], None
     engine = _assemble(settings, digest, loaded, broker, on_stored, early)
     _log_ready(settings, loaded)
     if identity.manifest is not None and settings.verify_mb_s > 0:
-        BackgroundVerify(settings.checkpoint, identity.manifest, settings.verify_mb_s,
-                         partial(_checkpoint_changed, early.health, engine, on_checkpoint_changed)).start()
+        start_background_verify(settings.checkpoint, identity.manifest, settings.verify_mb_s,
+                                partial(_checkpoint_changed, early.health, engine, on_checkpoint_changed))
     return engine
 
 

@@ -30,46 +30,30 @@ def _lower_priority() -> None:
         pass
 
 
-class BackgroundVerify:
-    """Hash the weight files of `path` against `recorded` (its manifest) on a daemon thread, at most
-    `rate_mb_s` MB/s; `on_mismatch(reason)` is called once if a file disagrees."""
+def start_background_verify(path: str | Path, recorded: dict[str, Any], rate_mb_s: float,
+                            on_mismatch: Callable[[str], None]) -> threading.Thread:
+    """Hash the weight files of `path` against `recorded` (its manifest) on a daemon thread at the
+    lowest priority, at most `rate_mb_s` MB/s; `on_mismatch(reason)` is called once if a file
+    disagrees (or the check cannot run). Returns the started thread."""
+    thread = threading.Thread(target=_verify, args=(Path(path), recorded, rate_mb_s, on_mismatch),
+                              name="vela2-verify", daemon=True)
+    thread.start()
+    return thread
 
-    def __init__(self, path: str | Path, recorded: dict[str, Any], rate_mb_s: float,
-                 on_mismatch: Callable[[str], None]):
-        self.path, self.recorded, self.rate_mb_s = Path(path), recorded, rate_mb_s
-        self.on_mismatch = on_mismatch
-        self.result: str | None = None  # None until done: "ok" or what disagrees
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vela2-verify", daemon=True)
 
-    def start(self) -> BackgroundVerify:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def join(self, timeout_s: float | None = None) -> None:
-        self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        _lower_priority()
-        t0 = time.monotonic()
-        size = sum(int(e.get("size", 0)) for e in self.recorded.get("files", {}).values())
-        try:
-            problem = manifest.verify(self.path, self.recorded, limit_bps=self.rate_mb_s * 1e6 or None,
-                                      stopped=self._stop.is_set)
-        except Exception as e:  # noqa: BLE001 (a check that cannot run must say so, not kill a thread silently)
-            problem = f"the check failed: {type(e).__name__}: {e}"
-        if self._stop.is_set() and problem is None:
-            return
-        if problem is None:
-            self.result = "ok"
-            log.info("checkpoint %s: every byte agrees with its manifest (%.1f GB hashed in %.1f s)",
-                     self.path, size / 1e9, time.monotonic() - t0)
-            return
-        self.result = problem
-        log.error("checkpoint %s DIFFERS from its manifest.json: %s. The answers' digest may not name the "
-                  "weights served: this worker stops taking work. Restore the files, or rewrite the manifest "
-                  "with `vela2 manifest %s` if the change was meant", self.path, problem, self.path)
-        self.on_mismatch(problem)
+def _verify(path: Path, recorded: dict[str, Any], rate_mb_s: float, on_mismatch: Callable[[str], None]) -> None:
+    _lower_priority()
+    t0 = time.monotonic()
+    size = sum(int(e.get("size", 0)) for e in recorded.get("files", {}).values())
+    try:
+        problem = manifest.verify(path, recorded, limit_bps=rate_mb_s * 1e6 or None)
+    except Exception as e:  # noqa: BLE001 (a check that cannot run must say so, not kill a thread silently)
+        problem = f"the check failed: {type(e).__name__}: {e}"
+    if problem is None:
+        log.info("checkpoint %s: every byte agrees with its manifest (%.1f GB hashed in %.1f s)",
+                 path, size / 1e9, time.monotonic() - t0)
+        return
+    log.error("checkpoint %s DIFFERS from its manifest.json: %s. The answers' digest may not name the "
+              "weights served: this worker stops taking work. Restore the files, or rewrite the manifest "
+              "with `vela2 manifest %s` if the change was meant", path, problem, path)
+    on_mismatch(problem)

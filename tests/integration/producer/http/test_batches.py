@@ -212,19 +212,15 @@ def test_a_tenants_live_jobs_quota_refuses_it_alone(redis_url, http_server, fake
     """acme may have 1 live job (quotas.live_jobs): a second upload while the first runs is 429
     quota_exceeded naming the quota, the limit and the usage, and creates no job; beta (no quota) is
     not refused; once acme's job ended, its next upload is accepted."""
-    import dataclasses
-
-    from producer.auth import new_key
     from producer.quotas import Quotas
+    from tests.support.tenants import tenant_keys
 
     worker = fake_worker()
     worker.pause()
-    key_a, a = new_key("acme")
-    key_b, b = new_key("beta")
     keys = tmp_path / "keys.jsonl"
-    keys.write_text(dataclasses.replace(a, quotas=Quotas(live_jobs=1)).line() + "\n" + b.line() + "\n")
+    headers = tenant_keys(keys, {"acme": Quotas(live_jobs=1), "beta": None})
     base = http_server(redis_url, "--api-keys-file", str(keys))
-    acme, beta = {"Authorization": f"Bearer {key_a}"}, {"Authorization": f"Bearer {key_b}"}
+    acme, beta = headers["acme"], headers["beta"]
     with httpx.Client(base_url=base, timeout=30) as http:
         first = http.post("/v1/batches", content=jsonl([row(i) for i in range(3)]), headers=acme)
         assert first.status_code == 201, first.text

@@ -489,21 +489,17 @@ def test_a_tenants_request_rate_quota_refuses_it_alone(redis_url, redis_server, 
     """acme may send 5 SystemOne requests a second (quotas.requests_per_s in the keys file): a burst of
     20 gets 429 quota_exceeded naming the quota, the limit and the usage, with Retry-After, and the
     refused ones wrote nothing; beta, with no quota, is never refused."""
-    import dataclasses
-
     import redis as redis_lib
 
-    from producer.auth import new_key
     from producer.quotas import Quotas
+    from tests.support.tenants import tenant_keys
     from vela2.wire.keys import scoped_id, submitted_key
 
     fake_worker()
-    key_a, a = new_key("acme")
-    key_b, b = new_key("beta")
     keys = tmp_path / "keys.jsonl"
-    keys.write_text(dataclasses.replace(a, quotas=Quotas(requests_per_s=5)).line() + "\n" + b.line() + "\n")
+    headers = tenant_keys(keys, {"acme": Quotas(requests_per_s=5), "beta": None})
     base = http_server(redis_url, "--api-keys-file", str(keys))
-    acme, beta = {"Authorization": f"Bearer {key_a}"}, {"Authorization": f"Bearer {key_b}"}
+    acme, beta = headers["acme"], headers["beta"]
     r = redis_lib.Redis.from_url(redis_url)
     with httpx.Client(base_url=base, timeout=30) as http:
         t0 = time.time()

@@ -83,25 +83,27 @@ def test_wait_replicas_needs_that_many_replicas_connected_at_start(redis_server_
         check_redis(master.url(), 0.5, replicas=2)
 
 
-def _watch_health(port: int, proc: subprocess.Popen, deadline_s: float) -> list[tuple[int, int, str]]:
-    """(/livez code, /readyz code, /readyz reason) every 20 ms from launch until /readyz says 200."""
+def _health(port: int, path: str) -> tuple[int, dict]:
+    """(HTTP status, JSON body) of a worker's /livez or /readyz; OSError while nothing listens."""
     import json
     import urllib.error
     import urllib.request
 
-    def get(path: str) -> tuple[int, dict]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
+
+def _watch_health(port: int, proc: subprocess.Popen, deadline_s: float) -> list[tuple[int, int, str]]:
+    """(/livez code, /readyz code, /readyz reason) every 20 ms from launch until /readyz says 200."""
     seen: list[tuple[int, int, str]] = []
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            live, _ = get("/livez")
-            ready, body = get("/readyz")
+            live, _ = _health(port, "/livez")
+            ready, body = _health(port, "/readyz")
         except OSError:  # not listening yet: the process is still importing Python itself
             time.sleep(0.02)
             continue
@@ -156,18 +158,6 @@ def test_compiled_kernels_land_in_the_compile_cache_dir(tmp_path):
     assert written, "inductor wrote nothing under compile_cache_dir"
 
 
-def _readyz(port: int) -> tuple[int, dict]:
-    import json
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def test_weights_that_differ_from_the_manifest_stop_the_worker(redis_url, demo_dir, tmp_path):
     """A weight byte changed after the manifest was written passes the cheap check at start (same size
     and header); the background check finds it once the worker serves: /readyz 503 names the file, the
@@ -192,7 +182,7 @@ def test_weights_that_differ_from_the_manifest_stop_the_worker(redis_url, demo_d
         deadline = time.monotonic() + 180
         while w.proc.poll() is None and time.monotonic() < deadline:
             try:
-                code, body = _readyz(port)
+                code, body = _health(port, "/readyz")
                 seen.append((code, body["reason"]))
             except OSError:
                 pass
