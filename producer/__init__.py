@@ -6,7 +6,8 @@ request the worker would refuse; a ValueError), LimitExceeded (over a documented
 InvalidRequest), ModelMismatch (a SystemOne request naming another model; an InvalidRequest),
 IdConflict (an id already naming other content), ResultExpired (answered, but the answer expired
 from Redis; a LookupError), JobNotFound (a bulk job id that is unknown; a LookupError), StoreFull
-(Redis is up and refuses writes for memory: nothing was queued), and Vela2Error, the base of them
+(Redis is up and refuses writes for memory: nothing was queued), QuotaExceeded (a tenant's quota, or a
+submit's max_queued, refused it before anything was written), and Vela2Error, the base of them
 all. Redis being away raises redis.ConnectionError; a wait past its timeout raises TimeoutError.
 Test helpers: producer.testing.
 """
@@ -19,10 +20,11 @@ from vela2.errors import (
     JobNotFound,
     LimitExceeded,
     ModelMismatch,
+    QuotaExceeded,
     ResultExpired,
     StoreFull,
     Vela2Error,
 )
 
 __all__ = ["AsyncClient", "Client", "IdConflict", "InvalidRequest", "JobNotFound", "LimitExceeded", "ModelMismatch",
-           "ResultExpired", "StoreFull", "Vela2Error"]
+           "QuotaExceeded", "ResultExpired", "StoreFull", "Vela2Error"]

@@ -36,7 +36,7 @@ import redis.exceptions
 
 from producer import brokers
 from producer.answers import expired_answer, expired_row, result_expired_error
-from producer.brokers import AmqpPublisher, check_replicated, queue_commands
+from producer.brokers import AmqpPublisher, check_pushed, queue_commands
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
 from producer.prepare import pack_messages, prepare_many, prepare_request
 from producer.scope import Scope
@@ -48,6 +48,7 @@ from producer.submitting import (
     nothing_sent,
     plan_submit,
     read_claims,
+    refused_whole,
     store_full,
     unanswered,
 )
@@ -336,18 +337,19 @@ class AsyncClient:
         """The queue this client's requests go to (online, or backfill)."""
         return queue_name(self.model, backfill=backfill)
 
-    async def _push(self, messages: list[Message]) -> None:
+    async def _push(self, messages: list[Message], max_queued: int | None = None) -> None:
         if isinstance(self.broker, AmqpPublisher):
             await asyncio.to_thread(self.broker.publish, messages)
             return
         pipe = self.broker.pipeline(transaction=False)
-        queue_commands(pipe, messages, self.wait_replicas)
-        check_replicated(await pipe.execute(), self.wait_replicas)
+        queue_commands(pipe, messages, self.wait_replicas, max_queued)
+        check_pushed(await pipe.execute(), self.wait_replicas, max_queued)
 
     async def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int,
-                      expires: datetime | None) -> None:
+                      expires: datetime | None, max_queued: int | None = None) -> None:
         """Claim, then push (see producer.Client.claim and IdConflict)."""
-        messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires)
+        tenant = self.scope.tenant
+        messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires, tenant=tenant)
         pipe = self.redis.pipeline(transaction=False)
         claim_commands(pipe, items, queue, self.submitted_ttl_s if self.track_submitted else None)
         try:
@@ -358,14 +360,14 @@ class AsyncClient:
             if claims.marked:
                 await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])
             raise conflict_error([self.scope.caller(w) for w in claims.conflicts])
-        todo = plan_submit(items, claims, messages, queue, chunk_size, expires)
+        todo = plan_submit(items, claims, messages, queue, chunk_size, expires, tenant)
         if not todo:
             return
         try:
-            await self._push(todo)
+            await self._push(todo, max_queued)
         except Exception as exc:
             full = store_full(exc)
-            if (isinstance(exc, Busy) or full is not None or nothing_sent(exc)) and claims.marked:
+            if (isinstance(exc, Busy) or refused_whole(exc) or nothing_sent(exc)) and claims.marked:
                 # nothing queued: take the markers back (see producer.Client._submit)
                 try:
                     await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])
@@ -377,12 +379,13 @@ class AsyncClient:
             raise
 
     async def submit(
-        self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True
+        self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True,
+        max_queued: int | None = None,
     ) -> str:
         """Validate and queue one request; returns its id (see producer.Client.submit)."""
         item = prepare_request(request, self.model, validate=validate)
         await self._submit(self.scope.wire_items([item]), self.queue_for(backfill=backfill), 1,
-                           deadline_to_expires(deadline_s))
+                           deadline_to_expires(deadline_s), max_queued)
         return item[0]
 
     async def submit_many(
@@ -393,12 +396,14 @@ class AsyncClient:
         chunk_size: int = 1,
         deadline_s: float | None = None,
         validate: bool = True,
+        max_queued: int | None = None,
     ) -> list[str]:
         """Validate all, queue all in one round trip; ids in input order (see Client.submit_many)."""
         items = prepare_many(requests, self.model, validate=validate)
         expires = deadline_to_expires(deadline_s)
         if items:
-            await self._submit(self.scope.wire_items(items), self.queue_for(backfill=backfill), chunk_size, expires)
+            await self._submit(self.scope.wire_items(items), self.queue_for(backfill=backfill), chunk_size, expires,
+                               max_queued)
         return [rid for rid, _ in items]
 
     async def cancel(self, ids: Iterable[str]) -> list[str]:

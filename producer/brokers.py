@@ -1,4 +1,5 @@
-"""Where a producer queues its messages: a Redis broker (LPUSH, every message in one round trip), or
+"""Where a producer queues its messages: a Redis broker (vela2.wire.taking.PUSH_SCRIPT: every message
+on its tenant's list of its queue, the model's doorbell rung, in one round trip), or
 RabbitMQ (`amqp://`: each message published with a publisher confirm, so `submit` returns only once
 the broker has taken it — on a quorum queue, once a majority of its nodes have it).
 
@@ -15,13 +16,16 @@ from __future__ import annotations
 import base64
 import json
 import threading
+from itertools import groupby
 from typing import Any
 
 import redis.exceptions
 
+from vela2.errors import QuotaExceeded
 from vela2.wire.connections import redis_client
 from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, is_amqp_url
 from vela2.wire.messages import Message
+from vela2.wire.taking import PUSH_MAX, PUSH_SCRIPT, push_keys
 
 WAIT_REPLICAS_TIMEOUT_MS = 1000  # a push waiting for replicas (wait_replicas) gives up after this
 PUBLISH_RETRIES = 3  # a publish whose connection broke is retried this often (kombu reconnects), then raises
@@ -95,15 +99,17 @@ class NotReplicated(redis.exceptions.TimeoutError):
     retry Redis timeouts retry it (the same ids again: a duplicate message at worst, skipped)."""
 
 
-def push(broker: Any, messages: list[Message], wait_replicas: int = 0) -> None:
+def push(broker: Any, messages: list[Message], wait_replicas: int = 0, max_queued: int | None = None) -> None:
     """Queue `messages` on `broker` (what `connect` returned, or a ready redis-py client); with
-    `wait_replicas`, return only once that many replicas have them (Redis WAIT; NotReplicated else)."""
+    `wait_replicas`, return only once that many replicas have them (Redis WAIT; NotReplicated else);
+    with `max_queued`, QuotaExceeded (`queued`) and nothing queued when the tenant's list would hold more (a Redis
+    broker; RabbitMQ counts no tenant's messages)."""
     if isinstance(broker, AmqpPublisher):
         broker.publish(messages)
         return
     pipe = broker.pipeline(transaction=False)
-    queue_commands(pipe, messages, wait_replicas)
-    check_replicated(pipe.execute(), wait_replicas)
+    queue_commands(pipe, messages, wait_replicas, max_queued)
+    check_pushed(pipe.execute(), wait_replicas, max_queued)
 
 
 def check_wait_replicas(wait_replicas: Any, broker_url: str | None) -> int:
@@ -135,9 +141,24 @@ def check_replicated(replies: list[Any], wait_replicas: int) -> None:
                             f"{WAIT_REPLICAS_TIMEOUT_MS} ms (wait_replicas)")
 
 
-def queue_commands(pipe: Any, messages: list[Message], wait_replicas: int = 0) -> None:
-    """Add the LPUSH of every message to a (sync or asyncio) Redis pipeline, then the WAIT for
-    `wait_replicas` replicas (when not 0; check the reply with `check_replicated`)."""
-    for m in messages:
-        pipe.lpush(m.queue, m.payload)
+def queue_commands(pipe: Any, messages: list[Message], wait_replicas: int = 0, max_queued: int | None = None) -> None:
+    """Add the pushes of `messages` to a (sync or asyncio) Redis pipeline (PUSH_SCRIPT: each on its
+    tenant's list of its queue, the doorbell rung; PUSH_MAX a call), then the WAIT for `wait_replicas`
+    replicas (when not 0). `max_queued`: the first call of each list refuses the whole push when the
+    list would hold more than that (check the replies with `check_pushed`)."""
+    for (queue, tenant), group in groupby(messages, key=lambda m: (m.queue, m.tenant)):
+        payloads = [m.payload for m in group]
+        for k in range(0, len(payloads), PUSH_MAX):
+            limit = max_queued if max_queued and k == 0 else 0
+            pipe.eval(PUSH_SCRIPT, 3, *push_keys(queue, tenant), tenant or "", limit, len(payloads) - k,
+                      *payloads[k : k + PUSH_MAX])
     wait_command(pipe, wait_replicas)
+
+
+def check_pushed(replies: list[Any], wait_replicas: int, max_queued: int | None) -> None:
+    """Raise for a pipeline of `queue_commands` (and nothing else): NotReplicated (too few replicas),
+    QuotaExceeded `queued` (a list over `max_queued`: nothing of it was queued)."""
+    check_replicated(replies, wait_replicas)
+    for reply in replies[:-1] if wait_replicas else replies:
+        if max_queued and int(reply):
+            raise QuotaExceeded("queued", max_queued, int(reply))

@@ -56,6 +56,7 @@ from producer.submitting import (
     nothing_sent,
     plan_submit,
     read_claims,
+    refused_whole,
     release_quietly,
     store_full,
     unanswered,
@@ -144,9 +145,9 @@ class Client:
         """The queue this client's requests go to (online, or backfill)."""
         return queue_name(self.model, backfill=backfill)
 
-    def _push(self, messages: list[Message]) -> None:
+    def _push(self, messages: list[Message], max_queued: int | None = None) -> None:
         """Queue every message on the broker (Redis: one round trip; RabbitMQ: each confirmed)."""
-        brokers.push(self.broker, messages, self.wait_replicas)
+        brokers.push(self.broker, messages, self.wait_replicas, max_queued)
 
     def claim(self, items: list[tuple[str, Any]], queue: str) -> Claims:
         """Check prepared requests against what their ids already name, and mark them submitted (when
@@ -160,8 +161,10 @@ class Client:
         if ids:
             self.redis.delete(*[submitted_key(rid) for rid in ids])
 
-    def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int, expires: datetime | None) -> None:
-        messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires)  # sizes: before any claim
+    def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int, expires: datetime | None,
+                max_queued: int | None = None) -> None:
+        tenant = self.scope.tenant
+        messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires, tenant=tenant)  # sizes first
         try:
             claims = self.claim(items, queue)
         except redis.exceptions.RedisError as exc:
@@ -169,14 +172,14 @@ class Client:
         if claims.conflicts:
             self.release(claims.marked)
             raise conflict_error([self.scope.caller(w) for w in claims.conflicts])
-        todo = plan_submit(items, claims, messages, queue, chunk_size, expires)
+        todo = plan_submit(items, claims, messages, queue, chunk_size, expires, tenant)
         if not todo:
             return
         try:
-            self._push(todo)
+            self._push(todo, max_queued)
         except Exception as exc:
             full = store_full(exc)
-            if full is not None or nothing_sent(exc):
+            if refused_whole(exc) or nothing_sent(exc):
                 # nothing queued: a marker left behind would read "pending" for a day and hold the id
                 release_quietly(self.release, claims.marked)
             if full is not None:
@@ -184,16 +187,19 @@ class Client:
             raise
 
     def submit(
-        self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True
+        self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True,
+        max_queued: int | None = None,
     ) -> str:
         """Validate and queue one request (a row or a SystemOne request); returns the id it is
         answered under. Raises InvalidRequest / LimitExceeded / ModelMismatch before queueing.
 
         `validate=False` sends the request as it is (only the message size is checked), so the
-        worker answers a bad one with its error result (demos and tests of that path)."""
+        worker answers a bad one with its error result (demos and tests of that path).
+        `max_queued`: refuse it (QuotaExceeded `queued`, nothing queued) when this client's queue list
+        (its tenant's, on a Redis broker) would hold more messages than that."""
         item = prepare_request(request, self.model, validate=validate)
         self._submit(self.scope.wire_items([item]), self.queue_for(backfill=backfill), 1,
-                     deadline_to_expires(deadline_s))
+                     deadline_to_expires(deadline_s), max_queued)
         return item[0]
 
     def submit_many(
@@ -204,14 +210,16 @@ class Client:
         chunk_size: int = 1,
         deadline_s: float | None = None,
         validate: bool = True,
+        max_queued: int | None = None,
     ) -> list[str]:
         """Validate all, then queue all in one round trip (nothing is queued if one is bad); returns
         the ids in input order. `chunk_size` > 1 packs up to that many requests into each message
-        (each still answered under its own id). `validate=False`: as in `submit`."""
+        (each still answered under its own id). `validate=False`, `max_queued`: as in `submit`."""
         items = prepare_many(requests, self.model, validate=validate)
         expires = deadline_to_expires(deadline_s)
         if items:
-            self._submit(self.scope.wire_items(items), self.queue_for(backfill=backfill), chunk_size, expires)
+            self._submit(self.scope.wire_items(items), self.queue_for(backfill=backfill), chunk_size, expires,
+                         max_queued)
         return [rid for rid, _ in items]
 
     def cancel(self, ids: Iterable[str]) -> list[str]:

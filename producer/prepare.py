@@ -85,10 +85,12 @@ def pack_messages(
     expires: datetime | None = None,
     max_message_bytes: int = LIMITS.max_message_bytes,
     job: str | None = None,
+    tenant: str | None = None,
 ) -> list[Message]:
     """Messages for prepared (id, object) pairs, in order: one per request when chunk_size <= 1,
     else chunks of up to chunk_size requests. A chunk over max_message_bytes is split in halves; a
-    single request over it raises LimitExceeded naming its id. `job`: the bulk job they belong to."""
+    single request over it raises LimitExceeded naming its id. `job`: the bulk job they belong to;
+    `tenant`: the tenant their ids are scoped to (the messages wait on its list: fair share)."""
     out: list[Message] = []
 
     def build(part: list[tuple[str, Any]]) -> None:
@@ -102,6 +104,7 @@ def pack_messages(
                     max_message_bytes=max_message_bytes,
                     extra_headers=tracing.message_headers(queue, tuple(rid for rid, _ in part)),
                     job=job,
+                    tenant=tenant,
                 )
             )
         except LimitExceeded as e:

@@ -17,7 +17,7 @@ from typing import Any
 import redis.exceptions
 
 from producer.prepare import pack_messages
-from vela2.errors import IdConflict, InvalidRequest, StoreFull
+from vela2.errors import IdConflict, InvalidRequest, QuotaExceeded, StoreFull
 from vela2.wire.keys import cancel_key, result_key, submitted_key
 from vela2.wire.messages import Message, request_digest
 from vela2.wire.results import CLAIM_ANSWERED, CLAIM_CONFLICT, CLAIM_MARKED, CLAIM_SCRIPT, claim_args
@@ -86,6 +86,12 @@ def check_ttl(submitted_ttl_s: Any) -> int:
     return submitted_ttl_s
 
 
+def refused_whole(exc: BaseException) -> bool:
+    """True when a failed push certainly queued nothing because Redis or a quota refused it (Redis
+    full, a tenant's `queued` quota): the claims' markers are taken back, as after `nothing_sent`."""
+    return isinstance(exc, QuotaExceeded) or store_full(exc) is not None
+
+
 def store_full(exc: BaseException) -> StoreFull | None:
     """The StoreFull a Redis refusal for memory stands for (redis-py's OutOfMemoryError, or an `OOM`
     error reply inside a script or pipeline), or None for any other error."""
@@ -127,9 +133,9 @@ def release_quietly(release: Callable[[list[str]], Any], ids: list[str]) -> Any:
 
 
 def plan_submit(items: list[tuple[str, Any]], claims: Claims, messages: list[Message], queue: str,
-                chunk_size: int, expires: datetime | None) -> list[Message]:
+                chunk_size: int, expires: datetime | None, tenant: str | None = None) -> list[Message]:
     """The messages to push once the claims are in: all of them, less the requests already answered."""
     if not claims.answered:
         return messages
     todo = [it for it in items if it[0] not in claims.answered]
-    return pack_messages(todo, queue, chunk_size=chunk_size, expires=expires)
+    return pack_messages(todo, queue, chunk_size=chunk_size, expires=expires, tenant=tenant)

@@ -88,6 +88,18 @@ class StoreFull(Vela2Error):
     code = "store_full"
 
 
+class QuotaExceeded(Vela2Error):
+    """A tenant's quota refused a submission before anything of it was written: `quota` (its name),
+    `limit` and `usage` (what it would have been), `retry_after_s` (when trying again may pass).
+    HTTP 429 ``quota_exceeded``."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, quota: str, limit: int, usage: int, retry_after_s: int = 1):
+        super().__init__(f"quota {quota} of this tenant is {limit:,}; this would make it {usage:,}")
+        self.quota, self.limit, self.usage, self.retry_after_s = quota, limit, usage, retry_after_s
+
+
 class PoisonRequest(ModelError):
     """A request that was running every time a worker process died, `max_attempts` times; it is
     answered with this error and moved to the model's dead-letter list."""

@@ -45,6 +45,10 @@ class EngineSettings:
     target_p99_ms: float = setting(
         0.0, "cap each batch at the tokens the device runs in a third of this (a request waits at most a running "
         "batch and its own): lower latency for less throughput; 0: batches up to max_batch_tokens")
+    fair_batch_ms: float = setting(
+        -1.0, "while one tenant's backlog shares the device with other tenants' requests, cap each batch at this "
+        "much device time, so another tenant's request waits at most a short batch (less throughput for the "
+        "backlog meanwhile); -1: auto, twice a lone short batch; 0: off (full batches; fair order only)")
     precision: str | None = setting(
         None, "run_batch precision (bf16, fp32, or fp8: opt-in); default bf16 on CUDA, fp32 elsewhere",
         choices=PRECISIONS)
@@ -203,6 +207,8 @@ class WorkerSettings:
                      "redis_wait_s"):
             if _get(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0; got {_get(self, name)}")
+        if self.engine.fair_batch_ms < 0 and self.engine.fair_batch_ms != -1:
+            raise ConfigError(f"fair_batch_ms must be >= 0 (or -1: auto); got {self.engine.fair_batch_ms}")
         if self.engine.cpu_processes < -1:
             raise ConfigError(f"cpu_processes must be >= -1 (-1: auto); got {self.engine.cpu_processes}")
         if self.device_process not in (-1, 0, 1):

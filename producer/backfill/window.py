@@ -27,7 +27,8 @@ from vela2.api.schemas import Status
 from vela2.api.systemone import is_system_one
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, Vela2Error
-from vela2.wire.keys import HEARTBEAT_S, priority_lists, queue_name, result_key, workers_key
+from vela2.wire import taking
+from vela2.wire.keys import HEARTBEAT_S, queue_name, result_key, workers_key
 from vela2.wire.messages import build_message, deadline_to_expires, decode_json
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,7 @@ class BackfillRun:
             self.queue,
             chunk_size=self.chunk_size,
             expires=deadline_to_expires(self.deadline_s),
+            tenant=scope.tenant,
         )
         self._redis("queueing", self.client._push, messages)
         now = self.clock()
@@ -305,15 +307,14 @@ class BackfillRun:
         pipe = self.client.redis.pipeline(transaction=False)
         same = broker is self.client.redis
         if same:
-            for name in priority_lists(self.queue):
-                pipe.llen(name)
+            pipe.eval(*taking.depth_args([self.queue]))
         pipe.zcount(workers_key(self.client.model), time.time() - 3 * HEARTBEAT_S, "+inf")
         *depths, live = pipe.execute()
         if not same and hasattr(broker, "llen"):  # another Redis
-            depths = [broker.llen(name) for name in priority_lists(self.queue)]
+            depths = [broker.eval(*taking.depth_args([self.queue]))]
         elif not same:
             return -1, int(live)
-        return sum(int(d) for d in depths), int(live)
+        return taking.read_depths([self.queue], depths[0])[self.queue][0], int(live)
 
     def _check_stall(self, now: float) -> None:
         """Nothing answered for stall_warn_s: sample the queue; when it has not shrunk over another

@@ -116,7 +116,8 @@ class _Submitter:
         if not self.entries:
             return
         messages = pack_messages(self.good, self.queue, chunk_size=self.chunk_size,
-                                 expires=datetime.fromtimestamp(self.expires, UTC), job=self.job) if self.good else []
+                                 expires=datetime.fromtimestamp(self.expires, UTC), job=self.job,
+                                 tenant=self.client.scope.tenant) if self.good else []
         pipe = self.client.redis.pipeline(transaction=False)
         pipe.rpush(self.keys[1], *self.entries)
         pipe.expire(self.keys[1], self.ttl_s)

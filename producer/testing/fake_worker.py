@@ -100,7 +100,7 @@ from vela2.api.schemas import (
 from vela2.config import default_precision
 from vela2.errors import ModelError, Vela2Error
 from vela2.model.calibration import Calibration
-from vela2.wire import keys
+from vela2.wire import fleet, keys
 from vela2.wire.connections import redis_client
 from vela2.wire.jobs import ADMIT_ANSWERED, ADMIT_CANCELLED, CANCELLED_MESSAGE
 from vela2.wire.messages import (
@@ -185,7 +185,8 @@ class FakeWorker:
         # The thread takes an item by moving it onto a list of its own (LMOVE), and removes it from there
         # once its results are stored: a Redis restart between the take and the store (a pop whose
         # reply never came back) leaves the item there, and the thread answers it when Redis is back.
-        self._taking = {q: f"{q}:fake-taking:{uuid.uuid4().hex}" for q in self.queues}
+        self._tag = uuid.uuid4().hex
+        self._taking = {q: f"{q}:fake-taking:{self._tag}" for q in self.queues}
         self.delay_s = delay_s
         self.lock = threading.Lock()  # held while taking and while storing: queued + `held` is exact under it
         self.held = 0  # requests taken and not yet stored
@@ -250,7 +251,7 @@ class FakeWorker:
 
     def queued(self) -> int:
         """Messages waiting on the model's queues (every priority, online and backfill)."""
-        return self._lengths(self.queues)
+        return sum(fleet.queue_depths(self.redis, keys.queues(self.model)).get(q, 0) for q in keys.queues(self.model))
 
     def _on_taking_lists(self) -> int:
         """Items the thread took and has not stored yet (an answer a Redis restart interrupted among them)."""
@@ -365,17 +366,33 @@ class FakeWorker:
             taken = None
 
     def _take(self) -> tuple[str, Any] | None:
-        """Move the first waiting item (queues in taking order) onto its taking list; (queue, item)."""
-        for q in self.queues:
-            item = self.redis.lmove(q, self._taking[q], "RIGHT", "LEFT")
+        """Move the first waiting item (queues in taking order, a queue's tenants' lists after its own)
+        onto its taking list; (list, item). No fair share here: a test double answers what it finds."""
+        for q in self._lists():
+            item = self.redis.lmove(q, self._taking_list(q), "RIGHT", "LEFT")
             if item is not None:
                 return q, item
         return None
 
+    def _lists(self) -> list[str]:
+        """The lists to take from: each queue's priority lists, then its tenants' (those in its ring)."""
+        out = []
+        for queue in keys.queues(self.model):
+            out += keys.priority_lists(queue)
+            out += [keys.tenant_list(queue, t.decode() if isinstance(t, bytes) else t)
+                    for t in self.redis.zrange(keys.fair_ring(queue), 0, -1) if t]
+        return out
+
+    def _taking_list(self, source: str) -> str:
+        """This thread's taking list for items from `source`."""
+        if source not in self._taking:
+            self._taking[source] = f"{source}:fake-taking:{self._tag}"
+        return self._taking[source]
+
     def _taken_before(self) -> tuple[str, Any] | None:
         """An item this thread moved onto a taking list and never stored (a Redis restart came between)."""
-        for q in self.queues:
-            item = self.redis.lindex(self._taking[q], -1)
+        for q, taking_list in list(self._taking.items()):
+            item = self.redis.lindex(taking_list, -1)
             if item is not None:
                 return q, item
         return None

@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from vela2.wire import keys
+from vela2.wire import keys, taking
 
 STALE_S = 3 * keys.HEARTBEAT_S  # a worker whose last beat is older is not counted live
 
@@ -47,19 +47,28 @@ def other_digests(client: Any, model_name: str, digest: str, worker_id: str | No
             if w["worker"] != worker_id and w.get("digest") and w["digest"] != digest}
 
 
-def queue_depths(client: Any, queues: list[str]) -> dict[str, int]:
-    """Messages waiting in each queue (its kombu priority sub-lists included) and, under
-    keys.UNACKED_KEY, those delivered to some worker and not yet acked; one pipelined round trip."""
+def depths(client: Any, queues: list[str]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """(queue_depths, tenant_depths) in one round trip."""
     pipe = client.pipeline(transaction=False)
-    for q in queues:
-        for name in keys.priority_lists(q):
-            pipe.llen(name)
+    pipe.eval(*taking.depth_args(queues))
     pipe.hlen(keys.UNACKED_KEY)
-    counts = pipe.execute()
-    step = 1 + len(keys.KOMBU_PRIORITY_STEPS)
-    depths = {q: int(sum(counts[i * step : (i + 1) * step])) for i, q in enumerate(queues)}
-    depths[keys.UNACKED_KEY] = int(counts[-1])
-    return depths
+    reply, unacked = pipe.execute()
+    read = taking.read_depths(queues, reply)
+    totals = {q: total for q, (total, _) in read.items()}
+    totals[keys.UNACKED_KEY] = int(unacked)
+    return totals, {q: tenants for q, (_, tenants) in read.items()}
+
+
+def queue_depths(client: Any, queues: list[str]) -> dict[str, int]:
+    """Messages waiting in each queue (its kombu priority sub-lists and its tenants' lists included)
+    and, under keys.UNACKED_KEY, those delivered to some worker and not yet acked; one round trip."""
+    return depths(client, queues)[0]
+
+
+def tenant_depths(client: Any, queues: list[str]) -> dict[str, dict[str, int]]:
+    """Messages waiting on each tenant's list of each queue: queue -> {tenant: messages} (tenants with
+    none waiting left out; keyless producers' messages are in no tenant's list)."""
+    return depths(client, queues)[1]
 
 
 def amqp_queue_depths(url: str, queues: list[str]) -> dict[str, int]:

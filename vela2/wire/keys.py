@@ -22,6 +22,7 @@ JOB_PREFIX = "vela2:job:"  # a hash per bulk job (vela2.wire.jobs), and its id l
 JOBS_PREFIX = "vela2:jobs:"  # a sorted set per model: job id -> its creation time (`vela2 jobs list`, metrics)
 WAIT_PROBE_PREFIX = "vela2:wait-probe:"  # a worker writes it before a WAIT, so the WAIT covers every earlier write
 JOB_HEADER = "vela2_job"  # the message header naming the job a message's requests belong to
+TENANT_HEADER = "vela2_tenant"  # the message header naming the tenant its requests are scoped to (fair share)
 
 # kombu's Redis transport: delivered, not yet acknowledged messages live in these (its defaults),
 # and priority messages in sub-lists named <queue><sep><priority>.
@@ -173,6 +174,35 @@ def dead_letter(model_name: str) -> str:
 def priority_lists(queue: str) -> list[str]:
     """The Redis lists kombu keeps for `queue`: the queue itself and its priority sub-lists."""
     return [queue, *(f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS)]
+
+
+# Fair share (vela2.wire.taking): a tenant's messages wait on a list of their own beside the queue's,
+# named with kombu's priority separator so that a taken item's list still names its queue; the
+# tenants with messages waiting are the members of the queue's ring, scored by the service they had.
+TENANT_SHARES_KEY = "vela2:tenant-shares"  # hash tenant -> its weight in the fair share (default 1)
+TENANT_LIST_MARK, RING_MARK, CLOCK_MARK = "t", "ring", "clock"  # after the separator (taking's scripts too)
+
+
+def tenant_list(queue: str, tenant: str | None) -> str:
+    """The list `tenant`'s messages for `queue` wait on (no tenant: the queue's own list)."""
+    return queue if not tenant else f"{queue}{KOMBU_PRIORITY_SEP}{TENANT_LIST_MARK}{tenant}"
+
+
+def fair_ring(queue: str) -> str:
+    """The sorted set of the tenants with messages waiting on `queue`: tenant -> its virtual time."""
+    return f"{queue}{KOMBU_PRIORITY_SEP}{RING_MARK}"
+
+
+def fair_clock(queue: str) -> str:
+    """The virtual time of `queue`'s fair share: the last served tenant's."""
+    return f"{queue}{KOMBU_PRIORITY_SEP}{CLOCK_MARK}"
+
+
+def bell_key(queue: str) -> str:
+    """The doorbell of a model's queues (online and backfill share one): a producer's push leaves a
+    token on it, a take clears it, and an idle worker blocks on it."""
+    base = queue[: -len(BACKFILL_SUFFIX)] if is_backfill_queue(queue) else queue
+    return f"{base}{KOMBU_PRIORITY_SEP}bell"
 
 
 def chunk_id(uuid_hex: str) -> str:

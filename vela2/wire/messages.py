@@ -33,7 +33,7 @@ from typing import Any, cast
 from vela2.api.schemas import content_id
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, LimitExceeded
-from vela2.wire.keys import JOB_HEADER, TASK_NAME, chunk_id, id_problem
+from vela2.wire.keys import JOB_HEADER, TASK_NAME, TENANT_HEADER, TENANT_SEP, chunk_id, id_problem, tenant_problem
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class Message:
     queue: str
     payload: str
     request_ids: tuple[str, ...]
+    tenant: str | None = None  # the tenant its ids are scoped to: it waits on that tenant's list (fair share)
 
 
 def build_message(
@@ -88,11 +89,13 @@ def build_message(
     max_message_bytes: int = LIMITS.max_message_bytes,
     extra_headers: dict[str, Any] | None = None,
     job: str | None = None,
+    tenant: str | None = None,
 ) -> Message:
     """Build one message for `requests` (exactly one unless `chunk`); raises LimitExceeded when the
     JSON body is over `max_message_bytes` (the worker would refuse it). `extra_headers`: added to
     Celery's (the trace context of vela2.wire.tracing). `job`: the (scoped) id of the bulk job the
-    requests belong to (their ids must be that job's, vela2.wire.jobs.request_wire_id)."""
+    requests belong to (their ids must be that job's, vela2.wire.jobs.request_wire_id). `tenant`: the
+    tenant the ids are scoped to (vela2.wire.keys.scoped_id), named in a header for the worker's fair share."""
     pairs = _requests_with_ids(requests, chunk)
     ids = tuple(rid for rid, _ in pairs)
     objs = [obj for _, obj in pairs]
@@ -109,9 +112,11 @@ def build_message(
     headers = _task_headers(mid, args, kwargs, expires, extra_headers)
     if job is not None:
         headers[JOB_HEADER] = job
+    if tenant is not None:
+        headers[TENANT_HEADER] = tenant
     envelope = _envelope(body, headers, mid, queue)
     payload = json.dumps(envelope, ensure_ascii=True, separators=(",", ":"))  # ASCII: base64 body, short headers
-    return Message(id=mid, queue=queue, payload=payload, request_ids=ids)
+    return Message(id=mid, queue=queue, payload=payload, request_ids=ids, tenant=tenant)
 
 
 def _requests_with_ids(requests: list[Any], chunk: bool) -> list[tuple[str, Any]]:
@@ -364,6 +369,17 @@ def message_job(headers: dict[str, Any], ids: list[str]) -> str | None:
                     headers.get("id"), job)
         return None
     return job
+
+
+def message_tenant(headers: dict[str, Any], ids: list[str]) -> str | None:
+    """The tenant whose share a delivery's requests are run in: its `vela2_tenant` header, honoured
+    only when every request id is scoped to that tenant (`<tenant>/<id>`); else None (the share of
+    keyless producers and plain Celery)."""
+    tenant = headers.get(TENANT_HEADER)
+    if tenant is None or tenant_problem(tenant):
+        return None
+    prefix = tenant + TENANT_SEP
+    return tenant if ids and all(rid.startswith(prefix) for rid in ids) else None
 
 
 def answerable_ids(mid: str, body: bytes | str) -> list[str]:

@@ -11,6 +11,17 @@ than `max_batch_tokens` (the scheduler's latency target). Batches are packed wit
 `vela2.text.packing.pack`, the one implementation of the budget rule:
 padded cost = longest x count <= max_batch_tokens; a sequence over the budget runs alone.
 
+Fair share across tenants (flows): each waiting sequence belongs to a flow (its tenant; '' for
+keyless producers) with a weight. A flow's `served` counts the tokens / weight it was handed since
+it last had nothing waiting; a flow that starts waiting again starts just under the least served
+flow waiting (so it goes next, as in start-time fair queueing). Among ready batches the one holding
+the least served flow goes first (after online-before-backfill), and a bucket holding several flows
+forms its batch from its sequences in fair order (the least served flow's oldest first, each pick
+charged to its flow), so a tenant's backlog, however long, does not hold back another's requests
+beyond one batch. With one flow waiting, everything is as without flows. `contended` tells the
+scheduler when two or more tenants share the device (it then keeps batches short:
+worker.engine.scheduler).
+
 Row packing (`row_tokens` R set): several short sequences share one row of R tokens, so length no
 longer sets the padding and every sequence waits in one shared bucket; batches are packed by
 `vela2.text.packing.pack(..., row_tokens=R)` (rows x R <= max_batch_tokens), and a batch
@@ -19,6 +30,8 @@ is full when one more sequence as long as its longest would need a further batch
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -27,6 +40,7 @@ from vela2.text.packing import pack
 
 T = TypeVar("T")
 
+FAIR_WINDOW_S = 10.0  # a flow that sent a sequence this recently is active
 MIN_BUCKET_TOKENS = 16  # every sequence up to this length shares the first bucket
 BUCKET_STEPS = 4  # bucket edges per power of two (edge ratio <= 1.25)
 
@@ -43,11 +57,6 @@ def bucket_of(tokens: int, min_tokens: int = MIN_BUCKET_TOKENS, steps: int = BUC
     return base + -(-(tokens - base) // step) * step
 
 
-def _urgency(batch: list[Waiting]) -> tuple[int, float]:
-    """Sort key of a candidate batch: online before backfill, then the longest wait."""
-    return min(w.priority for w in batch), min(w.since for w in batch)
-
-
 @dataclass
 class Waiting(Generic[T]):
     """One sequence waiting for a batch."""
@@ -56,6 +65,7 @@ class Waiting(Generic[T]):
     tokens: int
     since: float  # when its request arrived (monotonic seconds): the wait counts from there
     priority: int = 0  # 0 online, 1 backfill: lower goes first among ready batches
+    flow: str = ""  # its tenant ('' keyless): the fair share it is run in
 
 
 class Buckets(Generic[T]):
@@ -74,15 +84,64 @@ class Buckets(Generic[T]):
         self.max_wait_s = max_wait_s
         self._buckets: dict[int, list[Waiting[T]]] = {}
         self.online = 0  # waiting sequences of priority 0
+        self.weights: dict[str, float] = {}  # a flow's weight in the fair share (absent: 1)
+        self._served: dict[str, float] = {}  # tokens / weight handed to each flow with sequences waiting
+        self._waiting: Counter[str] = Counter()  # sequences waiting per flow
+        self._seen: dict[str, float] = {}  # flow -> when its latest sequence arrived (`since`)
 
     def __len__(self) -> int:
         return sum(len(b) for b in self._buckets.values())
 
-    def add(self, value: T, tokens: int, since: float, priority: int = 0) -> None:
-        """Queue one sequence of `tokens` tokens whose request arrived at `since`."""
+    def add(self, value: T, tokens: int, since: float, priority: int = 0, flow: str = "") -> None:
+        """Queue one sequence of `tokens` tokens whose request arrived at `since`, in `flow`'s share."""
         key = 0 if self.row_tokens else bucket_of(tokens)  # packed rows: one shared bucket
-        self._buckets.setdefault(key, []).append(Waiting(value, tokens, since, priority))
+        self._buckets.setdefault(key, []).append(Waiting(value, tokens, since, priority, flow))
         self.online += priority == 0
+        if not self._waiting[flow]:  # starts waiting: just under the least served flow waiting
+            self._served[flow] = min(self._served.values(), default=1.0) - 1.0
+        self._waiting[flow] += 1
+        self._seen[flow] = max(since, self._seen.get(flow, since))
+
+    def contended(self, now: float) -> bool:
+        """Whether the device is shared by flows: two or more sent sequences in the last FAIR_WINDOW_S."""
+        self._seen = {f: t for f, t in self._seen.items() if now - t <= FAIR_WINDOW_S}
+        return len(self._seen) >= 2
+
+    def _urgency(self, batch: list[Waiting[T]]) -> tuple[int, float, float]:
+        """Sort key of a candidate batch: online before backfill, then the least served flow in it,
+        then the longest wait."""
+        return (min(w.priority for w in batch), min(self._served[w.flow] for w in batch),
+                min(w.since for w in batch))
+
+    def _gone(self, w: Waiting[T], handed: bool) -> None:
+        """`w` left the buckets (`handed`: in a batch, charged to its flow)."""
+        self.online -= w.priority == 0
+        self._waiting[w.flow] -= 1
+        if not self._waiting[w.flow]:
+            del self._waiting[w.flow], self._served[w.flow]
+        elif handed:
+            self._served[w.flow] += w.tokens / self.weights.get(w.flow, 1.0)
+
+    def _fair_prefix(self, items: list[Waiting[T]], budget: int) -> list[int]:
+        """Indices of a bucket's sequences in fair order (online first; then the least served flow,
+        each flow's oldest first, each pick charged to its flow), as many as could fill one batch."""
+        lanes: dict[tuple[int, str], list[int]] = {}  # (priority, flow) -> its sequences, oldest last
+        for i in sorted(range(len(items)), key=lambda i: items[i].since, reverse=True):
+            lanes.setdefault((items[i].priority, items[i].flow), []).append(i)
+        served = {f: self._served[f] for _, f in lanes}
+        heap = [(p, served[f], items[ix[-1]].since, f) for (p, f), ix in lanes.items()]
+        heapq.heapify(heap)
+        out: list[int] = []
+        tokens = 0
+        while heap and tokens < budget:
+            p, _, _, f = heapq.heappop(heap)
+            i = lanes[p, f].pop()
+            out.append(i)
+            tokens += items[i].tokens
+            served[f] += items[i].tokens / self.weights.get(f, 1.0)
+            if lanes[p, f]:
+                heapq.heappush(heap, (p, served[f], items[lanes[p, f][-1]].since, f))
+        return out
 
     def next_deadline(self) -> float | None:
         """When the oldest waiting sequence reaches max_wait (None when nothing waits)."""
@@ -114,12 +173,15 @@ class Buckets(Generic[T]):
         batch goes."""
         if not ready and not self._may_fill(items, budget):
             return None  # neither full nor ready: keep waiting for company
-        batches = pack([w.tokens for w in items], budget, self.row_tokens)
+        pool = list(range(len(items)))
+        if len({w.flow for w in items}) > 1:  # several tenants: the batch comes from the fair order's head
+            pool = self._fair_prefix(items, budget)
+        batches = [[pool[j] for j in b] for b in pack([items[i].tokens for i in pool], budget, self.row_tokens)]
         if not ready:
             batches = [b for b in batches if self._full([items[i] for i in b], budget)]
         if not batches:
             return None
-        return min(batches, key=lambda b: _urgency([items[i] for i in b]))
+        return min(batches, key=lambda b: self._urgency([items[i] for i in b]))
 
     def pop_batch(self, now: float, *, flush: bool = False, full_only: bool = False, online_now: bool = False,
                   budget: int | None = None) -> list[T] | None:
@@ -129,7 +191,7 @@ class Buckets(Generic[T]):
         bucket holding an online sequence is ready; `budget`: padded tokens of this batch (default,
         and at most, max_batch_tokens)."""
         budget = self.max_batch_tokens if budget is None else max(1, min(budget, self.max_batch_tokens))
-        best: tuple[tuple[int, float], int, list[int]] | None = None
+        best: tuple[tuple[int, float, float], int, list[int]] | None = None
         for key, items in self._buckets.items():
             if not items:
                 continue
@@ -138,7 +200,7 @@ class Buckets(Generic[T]):
             chosen = self._candidate(items, ready, budget)
             if chosen is None:
                 continue
-            urgency = _urgency([items[i] for i in chosen])
+            urgency = self._urgency([items[i] for i in chosen])
             if best is None or urgency < best[0]:
                 best = (urgency, key, chosen)
         if best is None:
@@ -147,7 +209,8 @@ class Buckets(Generic[T]):
         items = self._buckets[key]
         taken = set(chosen)
         batch = [items[i].value for i in chosen]
-        self.online -= sum(items[i].priority == 0 for i in chosen)
+        for i in chosen:
+            self._gone(items[i], handed=True)
         self._buckets[key] = [w for i, w in enumerate(items) if i not in taken]
         if not self._buckets[key]:
             del self._buckets[key]
@@ -163,7 +226,7 @@ class Buckets(Generic[T]):
                     kept.append(w)
                 else:
                     dropped.append(w.value)
-                    self.online -= w.priority == 0
+                    self._gone(w, handed=False)
             if kept:
                 self._buckets[key] = kept
             else:
@@ -175,4 +238,6 @@ class Buckets(Generic[T]):
         out = [w.value for b in self._buckets.values() for w in b]
         self._buckets.clear()
         self.online = 0
+        self._served.clear()
+        self._waiting.clear()
         return out

@@ -3,13 +3,15 @@ answered at once when they cannot run), checked in one round trip for ids alread
 (duplicate delivery: skipped) or cancelled (their marker, or their bulk job's cancel: answered
 `cancelled`, never rendered or run), and sent to render ahead of the device; a rendered request's
 sequences go to the scheduler's buckets. A flood is opened a slice at a time, so its first rows
-render (and a batch launches) before its last are opened."""
+render (and a batch launches) before its last are opened. Deliveries are opened in turn across
+tenants (their `vela2_tenant` header), so one tenant's flood never stands between another's
+request and the device."""
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +36,44 @@ TURN_REQUESTS = 512
 INTAKE_SLICE = 256  # requests opened before they are checked for duplicates and sent to render
 
 
+class FairBacklog:
+    """Deliveries not opened yet: a FIFO per tenant (its message header; keyless ones share ''), taken
+    from in turn, one delivery each."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[str, deque[Delivery]] = {}  # tenant -> its deliveries; in turn order
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[Delivery]:
+        return (d for lane in self._lanes.values() for d in lane)
+
+    def append(self, d: Delivery) -> None:
+        tenant = d.headers.get(keys.TENANT_HEADER)
+        self._lanes.setdefault(tenant if isinstance(tenant, str) else "", deque()).append(d)
+        self._n += 1
+
+    def extend(self, ds: Iterable[Delivery]) -> None:
+        for d in ds:
+            self.append(d)
+
+    def popleft(self) -> Delivery:
+        """The oldest delivery of the tenant whose turn it is (that tenant goes to the back)."""
+        tenant, lane = next(iter(self._lanes.items()))
+        d = lane.popleft()
+        del self._lanes[tenant]
+        if lane:
+            self._lanes[tenant] = lane  # to the back of the turn
+        self._n -= 1
+        return d
+
+    def clear(self) -> None:
+        self._lanes.clear()
+        self._n = 0
+
+
 class Intake:
     """Deliveries not opened yet (`backlog`), and the steps from a delivery to waiting sequences."""
 
@@ -41,7 +81,7 @@ class Intake:
                  cpu_work: CpuWork, clock: Callable[[], float], tracing: Any = None):
         self.settings, self.store, self.outbox, self.scheduler = settings, store, outbox, scheduler
         self.cpu_work, self.clock, self.tracing = cpu_work, clock, tracing
-        self.backlog: deque[Delivery] = deque()  # taken deliveries not opened yet (TURN_REQUESTS)
+        self.backlog = FairBacklog()  # taken deliveries not opened yet (TURN_REQUESTS a turn)
 
     def run(self) -> None:
         """Open waiting deliveries, at most TURN_REQUESTS requests a turn (each message whole), and
@@ -134,6 +174,7 @@ class Intake:
             return []
         msg.chunk = got.chunk
         msg.job = got.job
+        msg.tenant = messages.message_tenant(d.headers, [rid for rid, _ in got.requests])
         if got.repeated:
             msg.counts["repeated"] += got.repeated  # the same id twice in one chunk: answered once
         for obj, why in got.unusable:

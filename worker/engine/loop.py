@@ -54,6 +54,7 @@ from worker.settings import EngineSettings
 log = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.5  # longest sleep with nothing waiting (new events wake the loop at once)
+FAIR_HELD_BATCHES = 4  # take_room: batches' worth of messages held while the fair share is contended
 # events one turn takes: a flood of deliveries (2,048 one-row messages at once) is taken over several
 # turns, so rendered rows launch a batch between them (on the H200 the first batch waited 0.8 s)
 TURN_EVENTS = 512
@@ -139,6 +140,15 @@ class Engine:
     def held(self) -> int:
         """Messages the engine holds now (buffered, rendering, running or storing)."""
         return len(self.outbox.messages)
+
+    def take_room(self) -> int | None:
+        """(any thread) How many more messages the consumer should take now: None (as many as its
+        credit) unless one tenant's backlog shares the device with other tenants' requests; then
+        what FAIR_HELD_BATCHES batches hold, less what is held, so that the backlog waits in the
+        broker, where other tenants' messages are taken ahead of it."""
+        if not self.scheduler.contended:
+            return None
+        return FAIR_HELD_BATCHES * max(1, self.scheduler.last_batch) - self.held - self._events.qsize()
 
     def submit(self, delivery: Delivery) -> None:
         """Hand over one message (thread-safe; never blocks). After stop() it goes back to its queue."""

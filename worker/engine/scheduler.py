@@ -11,7 +11,14 @@ When a batch goes (latency first, throughput when there is work for it):
   model's recent error, from worker.engine.cost), so the next batch is collated and launched while
   the device works, takes every request that arrived meanwhile, and starts the moment the device
   frees;
-- settings.target_p99_ms caps every batch at the tokens the device runs in a third of it.
+- settings.target_p99_ms caps every batch at the tokens the device runs in a third of it;
+- fair share (worker.engine.batching): while one tenant's backlog shares the device with other
+  tenants' requests (`Buckets.contended`), every batch is capped at settings.fair_batch_ms of
+  device time (auto: FAIR_AUTO x a lone short batch, from the cost model) and goes behind the
+  running one only just before it ends, so another tenant's request waits at most the rest of a
+  short batch, then rides the next: its latency stays near what it is on an idle worker. The
+  engine then takes few messages ahead (Engine.take_room), so the backlog waits in Redis, where
+  the take serves the tenants in turn, rather than in this worker's buffer.
 
 A batch that raises (CUDA OOM included) is split in halves and retried; a sequence that fails alone
 fails only its row (model_error). When every sequence of a row has run, the row goes to decoding
@@ -57,6 +64,8 @@ MAX_IN_FLIGHT = 2  # batches handed to the device at once: the running one and t
 # loop's own turn, a pipe's trip: what the launch time measured by the cost model does not hold)
 STAGE_MARGIN_S = 0.003
 P99_BATCHES = 3  # target_p99_ms: a request waits for at most a running batch, then rides one: a third each
+FAIR_AUTO = 2.0  # fair_batch_ms auto: this many times the device seconds of a lone short batch
+FAIR_SHORT_TOKENS = 64  # ... of this many tokens
 
 
 class Scheduler:
@@ -81,6 +90,8 @@ class Scheduler:
         self.retry: list[list[Seq]] = []  # halves of a batch that raised, run before any new batch
         self.quarantine: dict[Request, list[Seq]] = {}  # suspects waiting to run alone, oldest first
         self.progress = clock()  # when a batch last started or came back
+        self.contended = False  # one tenant's backlog shares the device with others' requests (fair share)
+        self.last_batch = 0  # sequences in the batch launched last
 
     def add(self, req: Request) -> None:
         """A request is rendered: its sequences wait for a batch."""
@@ -88,7 +99,8 @@ class Scheduler:
         req.outputs = [None] * n
         req.remaining = n
         for i, seq in enumerate(req.prep.sequences):
-            self.buckets.add(Seq(req, i, seq), seq.num_tokens, req.received, int(req.msg.delivery.backfill))
+            self.buckets.add(Seq(req, i, seq), seq.num_tokens, req.received, int(req.msg.delivery.backfill),
+                             req.msg.tenant or "")
 
     def wait_s(self, now: float, idle_s: float, stopping: bool) -> float:
         """How long the loop may wait before a batch could be due."""
@@ -141,11 +153,16 @@ class Scheduler:
     def _next_batch(self, stopping: bool) -> list[Seq] | None:
         """The batch that goes now, if one does (the rules of the module docstring)."""
         now = self.clock()
+        contended = self.contended = self.settings.fair_batch_ms != 0 and self.buckets.contended(now)
+        budget = self._budget(contended)
         if not self.in_flight:  # a free device: online work at once, unless company is on its way
             return self.buckets.pop_batch(now, flush=stopping, online_now=stopping or not self.company(),
-                                          budget=self._budget())
+                                          budget=budget)
+        due = now >= self._stage_at()
+        if contended and not due:
+            return None  # the next batch is chosen as late as it can be: other tenants' arrivals ride it
         # behind a running batch: a full one now; online work once the running one is about to end
-        return self.buckets.pop_batch(now, full_only=True, online_now=now >= self._stage_at(), budget=self._budget())
+        return self.buckets.pop_batch(now, full_only=True, online_now=due, budget=budget)
 
     def _stage_at(self) -> float:
         """When the next batch must go to the runner to start the moment the running one ends."""
@@ -153,12 +170,18 @@ class Scheduler:
             return self.clock()
         return self.ends[-1] - self.cost.lead_s - STAGE_MARGIN_S - self.cost.error_s
 
-    def _budget(self) -> int | None:
-        """The padded tokens of a batch under settings.target_p99_ms (None: max_batch_tokens)."""
-        if not self.settings.target_p99_ms:
-            return None
-        fits = self.cost.tokens_within(self.settings.target_p99_ms / 1e3 / P99_BATCHES)
-        return None if fits is None else max(fits, self.settings.row_tokens or 1)
+    def _budget(self, contended: bool = False) -> int | None:
+        """The padded tokens of a batch under settings.target_p99_ms and, when `contended`, the fair
+        share's cap (None: max_batch_tokens)."""
+        caps = []
+        if self.settings.target_p99_ms:
+            caps.append(self.cost.tokens_within(self.settings.target_p99_ms / 1e3 / P99_BATCHES))
+        if contended:
+            ms = self.settings.fair_batch_ms
+            seconds = ms / 1e3 if ms > 0 else FAIR_AUTO * self.cost.seconds(FAIR_SHORT_TOKENS)
+            caps.append(self.cost.tokens_within(seconds))
+        fits = [c for c in caps if c is not None]
+        return max(min(fits), self.settings.row_tokens or 1) if fits else None
 
     def _start(self, items: list[Seq]) -> float:
         """Mark a batch as started; returns its start time."""
@@ -170,6 +193,7 @@ class Scheduler:
 
     def _launch(self, items: list[Seq]) -> None:
         t0 = self._start(items)
+        self.last_batch = len(items)
         self.in_flight.append(items)
         begins = max(t0, self.ends[-1]) if self.ends else t0  # a batch's seconds include its launch when alone
         self.ends.append(begins + self.cost.seconds(sum(it.tokens for it in items)))

@@ -44,6 +44,7 @@ class Message:
     summarized: bool = False  # a chunk's summary is queued (it is stored after all its rows)
     finalized: bool = False
     job: str | None = None  # the bulk job its results are counted on (vela2.wire.jobs)
+    tenant: str | None = None  # the tenant whose fair share its requests run in (None: keyless)
 
 
 @dataclass(eq=False)

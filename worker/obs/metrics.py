@@ -44,7 +44,7 @@ class QueueDepthCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
-            depths = fleet.queue_depths(self.redis, self.queues)
+            depths, tenants = fleet.depths(self.redis, self.queues)
         except Exception as e:  # a scrape must not fail because Redis is away; the gauges are just absent
             log.warning("queue depth unavailable: %s", e)
             return
@@ -52,9 +52,29 @@ class QueueDepthCollector(Collector):
         for q in self.queues:
             g.add_metric([q], float(depths[q]))
         yield g
+        t = GaugeMetricFamily("vela2_tenant_queue_depth", f"Messages waiting in Redis by queue and tenant: the "
+                              f"{TENANT_LABELS} tenants with the most, the rest as tenant {OTHER_TENANTS!r}",
+                              labels=["queue", "tenant"])
+        for q in self.queues:
+            for tenant, n in top_tenants(tenants[q]).items():
+                t.add_metric([q, tenant], float(n))
+        yield t
         yield GaugeMetricFamily("vela2_unacked_messages", "Messages delivered to some worker (of any model) and not "
                                 "yet acked: buffered or running (kombu's unacked hash)",
                                 value=float(depths[keys.UNACKED_KEY]))
+
+
+TENANT_LABELS = 20  # tenants a per-tenant gauge names (the most loaded); bounded series whatever the tenants
+OTHER_TENANTS = "_other"  # the label of the rest of them, summed
+
+
+def top_tenants(counts: dict[str, int], n: int = TENANT_LABELS) -> dict[str, int]:
+    """The `n` largest of `counts`, the rest summed under OTHER_TENANTS (absent when none is left)."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    out = dict(ranked[:n])
+    if rest := sum(v for _, v in ranked[n:]):
+        out[OTHER_TENANTS] = rest
+    return out
 
 
 JOBS_SCRAPED = 1000  # the newest jobs of a model a scrape reads (one pipelined round trip)

@@ -12,7 +12,9 @@ too, so its messages go to a live worker.
 
 The same thread beats every keys.HEARTBEAT_S into `keys.workers_key(model)` (a sorted set: worker id
 -> unix time) while the engine makes progress, so `vela2 http`'s /readyz knows whether a live
-worker serves the model; a stalled engine stops beating as it stops renewing.
+worker serves the model; a stalled engine stops beating as it stops renewing. With each beat it
+reads the tenants' weights in the fair share (keys.TENANT_SHARES_KEY, written by `vela2 http` from
+its keys file) and hands them to the engine's scheduler.
 """
 
 from __future__ import annotations
@@ -32,18 +34,33 @@ _MAX_INTERVAL_S = 30.0  # renew at least this often, however long the visibility
 _CHUNK = 1000  # tags per ZADD
 
 
+def read_shares(raw: dict[Any, Any]) -> dict[str, float]:
+    """Tenant -> weight from the shares hash (an unreadable or non-positive weight counts as 1)."""
+    out: dict[str, float] = {}
+    for k, v in raw.items():
+        try:
+            w = float(v)
+        except (TypeError, ValueError):
+            continue
+        if w > 0:
+            out[k.decode() if isinstance(k, bytes) else str(k)] = w
+    return out
+
+
 class Leases:
     """The delivery tags an engine holds, renewed from a thread of their own."""
 
     def __init__(self, redis: Any | None, visibility_timeout_s: float, progress: Callable[[], float] | None = None,
                  clock: Callable[[], float] = time.monotonic, heartbeat: tuple[str, str] | None = None,
-                 beats: Any = None, describe: Callable[[], dict[str, Any]] | None = None):
+                 beats: Any = None, describe: Callable[[], dict[str, Any]] | None = None,
+                 shares: Callable[[dict[str, float]], None] | None = None):
         self.redis = redis  # the Redis broker: its unacked index is renewed (None: RabbitMQ, nothing to renew)
         # (model name, worker id): beat into keys.workers_key(model) while the engine makes progress,
         # in `beats` (the result store, where `vela2 http` reads them; default the broker's Redis)
         self.heartbeat = heartbeat
         self.beats: Any = redis if beats is None else beats
         self.describe = describe  # the worker's description, written with every beat (keys.worker_info_key)
+        self.shares = shares  # given the tenants' weights (keys.TENANT_SHARES_KEY) after every beat
         self.beat_error: str | None = None  # why the last heartbeat failed (None: it went through)
         self.visibility_timeout_s = float(visibility_timeout_s)
         self.interval_s = max(0.2, min(_MAX_INTERVAL_S, self.visibility_timeout_s / 4))
@@ -93,6 +110,8 @@ class Leases:
             info = {**self.describe(), "beat_at": now}
             pipe.set(keys.worker_info_key(model, worker_id), json.dumps(info), ex=int(3 * keys.HEARTBEAT_S) + 1)
         pipe.execute()
+        if self.shares is not None:  # where the take script reads them: the Redis broker, else the store
+            self.shares(read_shares((self.redis or self.beats).hgetall(keys.TENANT_SHARES_KEY)))
 
     def stalled(self) -> bool:
         """True when the engine has made no progress for a whole visibility timeout."""

@@ -32,7 +32,7 @@ from worker.runtime.leases import Leases
 from worker.runtime.verify import start_background_verify
 from worker.runtime.warmup import freeze_startup_objects, measure_worst_batch_s
 from worker.settings import WorkerSettings, env_name
-from worker.transport.redis import release_held
+from worker.transport.redis import release_held, set_take_room
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def _assemble(settings: WorkerSettings, digest: str, loaded: Loaded, broker: Any
                            lambda: engine, metrics)
     leases = Leases(broker, settings.visibility_timeout_s, progress=lambda: engine.progress,
                     heartbeat=(model.name, worker_id), beats=redis_client(settings.redis_url),
-                    describe=describe)
+                    describe=describe, shares=lambda weights: setattr(engine.scheduler.buckets, "weights", weights))
     traced = WorkerTracing(model.name, digest) if tracing.configure("vela2-worker") else None
     engine = Engine(model, ResultStore(client, settings.result_expires_s), settings.engine_settings(),
                     pipeline=loaded.pipeline, metrics=metrics, on_stored=on_stored, leases=leases,
@@ -201,6 +201,7 @@ def _assemble(settings: WorkerSettings, digest: str, loaded: Loaded, broker: Any
                     cost_seed=[(settings.engine.max_batch_tokens, loaded.worst_s)])
     health.stalled, health.beat_error = leases.stalled, lambda: leases.beat_error
     health.stopping = lambda: engine.stopping
+    set_take_room(engine.take_room)
     freeze_startup_objects()
     engine.start()
     leases.start()

@@ -2,13 +2,14 @@
 is lost when Redis refuses writes (full under noeviction) or goes away mid-delivery.
 
 - Taking is one atomic step (vela2.wire.taking): a Lua script pops up to a QoS-credit's worth of
-  items from the queue lists, in kombu's priority order, and records each in the `unacked` hash and
-  index under a fresh tag, in one round trip. Where kombu sends BRPOP, the channel sends that
-  script; when it finds nothing, the channel blocks with `BLMOVE q q LEFT LEFT` on the first list
-  (a no-op move that only waits for an item) and takes again when it returns — so an arrival on
-  the first list (online, priority 0) is taken at once and one on any other list (backfill) within
-  OTHER_LISTS_WAIT_S (50 ms: one command blocks on one list only, so an idle worker looks at the
-  others 20 times a second; Redis serves such an empty take in microseconds). A message is never
+  items from the queue lists, in kombu's priority order and fairly across tenants, and records each
+  in the `unacked` hash and index under a fresh tag, in one round trip. Where kombu sends BRPOP, the
+  channel sends that script; when it finds nothing, the channel blocks with `BLMOVE bell bell LEFT
+  LEFT` on the model's doorbell (a no-op move that only waits for a token: every push of our
+  producers leaves one, online or backfill, any tenant) and takes again when it returns, so an
+  arrival is taken at once. A message pushed without the bell (plain Celery `send_task`, kombu's
+  priority sub-lists) is taken within OTHER_LISTS_WAIT_S (50 ms: an idle worker takes 20 times a
+  second; Redis serves such an empty take in microseconds). A message is never
   in neither the queue nor `unacked`: not when the worker dies, and not when Redis exits between
   a pop and its reply (which lost BRPOP's messages). While Redis is full (noeviction) a take still
   moves items into `unacked` whole (see vela2.wire.taking); results and acks then wait, logging
@@ -29,6 +30,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -48,6 +50,18 @@ _REFUSED_PAUSE_S = 0.5  # after Redis refused a take (full), the next one waits 
 # Longest wait on the first list before the next take looks at the others too: a bulk job's first
 # messages on the backfill queue waited up to kombu's brpop_timeout (1 s) for an idle worker.
 OTHER_LISTS_WAIT_S = 0.05
+
+
+# How many more messages the engine wants now (None: as many as the credit allows; Engine.take_room,
+# set at start by set_take_room). At 0 or less the channel takes nothing and waits ROOM_WAIT_S.
+_take_room: Callable[[], int | None] | None = None
+ROOM_WAIT_S = 0.005
+
+
+def set_take_room(room: Callable[[], int | None] | None) -> None:
+    """Have every channel take no more than `room()` messages at a time (None: no limit)."""
+    global _take_room
+    _take_room = room
 
 
 # Tags whose held records the engine removed itself (release_held: one round trip for every message
@@ -112,23 +126,28 @@ class TolerantChannel(kombu_redis.Channel):
         # kombu's BRPOP order: every queue's priority-0 list first, then priority 3, 6, 9
         return [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
 
-    def _take_args(self, lists: list[str], most: int) -> tuple[Any, ...]:
-        return ("EVAL", taking.TAKE_SCRIPT, 2 + len(lists), self.qos.unacked_key, self.qos.unacked_index_key,
-                *lists, repr(time.time()), most, uuid.uuid4().hex)
+    def _take_args(self, queues: list[str], most: int) -> tuple[Any, ...]:
+        lists = self._take_lists(queues)
+        take_keys = taking.take_keys(lists, keys.bell_key(queues[0]), self.qos.unacked_key, self.qos.unacked_index_key)
+        return ("EVAL", taking.TAKE_SCRIPT, len(take_keys), *take_keys, repr(time.time()), most, uuid.uuid4().hex)
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues or time.monotonic() < self._refused_until:
             return  # the poller calls again on its next turn
-        lists = self._take_lists(queues)
         if self._wait_next:
-            wait = timeout or self.brpop_timeout or 1
-            if len(lists) > 1:
-                wait = min(wait, OTHER_LISTS_WAIT_S)
-            args: tuple[Any, ...] = ("BLMOVE", lists[0], lists[0], "LEFT", "LEFT", wait)
+            bell = keys.bell_key(queues[0])
+            wait = min(timeout or self.brpop_timeout or 1, OTHER_LISTS_WAIT_S)
+            args: tuple[Any, ...] = ("BLMOVE", bell, bell, "LEFT", "LEFT", wait)
         else:
             credit = self.qos.can_consume_max_estimate()
-            args = self._take_args(lists, TAKE_MAX if credit is None else max(1, min(TAKE_MAX, credit)))
+            most = TAKE_MAX if credit is None else max(1, min(TAKE_MAX, credit))
+            room = _take_room() if _take_room is not None else None
+            if room is not None and room <= 0:  # the engine holds enough: wait a moment (a key never written)
+                pause = keys.bell_key(queues[0]) + ":pause"
+                args = ("BLMOVE", pause, pause, "LEFT", "LEFT", ROOM_WAIT_S)
+            else:
+                args = self._take_args(queues, most if room is None else min(most, room))
         self._sent = args[0]
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu declares it None
@@ -146,7 +165,7 @@ class TolerantChannel(kombu_redis.Channel):
                 BLOCKED.refused("taking messages", e)
                 self._refused_until = time.monotonic() + _REFUSED_PAUSE_S
                 raise kombu_redis.Empty() from None
-            if sent == "BLMOVE":  # an item arrived on the first list, or the wait timed out: take next
+            if sent == "BLMOVE":  # the doorbell rang, or the wait (or the pause) timed out: take next
                 self._wait_next = False
                 raise kombu_redis.Empty()
             self._wait_next = not reply
@@ -180,7 +199,7 @@ class TolerantChannel(kombu_redis.Channel):
     def _get(self, queue: str, timeout: Any = None) -> dict[str, Any]:
         # basic_get: one item by the same take script
         with self.conn_or_acquire() as client:
-            reply = client.execute_command(*self._take_args(self._take_lists([queue]), 1))
+            reply = client.execute_command(*self._take_args([queue], 1))
         if not reply:
             raise kombu_redis.Empty()
         return self._triaged(*reply)[1].envelope

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from producer.http.deps import Shared
 from producer.http.models import Health, Ready
+from vela2.wire import taking
 from vela2.wire.keys import HEARTBEAT_S, queue_name, workers_key
 
 READY_STALE_S = 3 * HEARTBEAT_S  # a worker whose last heartbeat is older is not counted live
@@ -32,10 +33,9 @@ async def healthz(state: Shared) -> JSONResponse:
     c = state.client()
     try:
         await c.ping()
-        pipe = c.redis.pipeline(transaction=False)
-        pipe.llen(queue_name(model))
-        pipe.llen(queue_name(model, backfill=True))
-        online, backfill = await pipe.execute()
+        queues = [queue_name(model), queue_name(model, backfill=True)]
+        depths = taking.read_depths(queues, await c.redis.eval(*taking.depth_args(queues)))
+        online, backfill = (depths[q][0] for q in queues)
     except redis.exceptions.RedisError as e:
         body = Health(status="unavailable", model=model, redis=str(e) or type(e).__name__)
         return JSONResponse(body.model_dump(mode="json"), status_code=503)

@@ -22,7 +22,7 @@ from producer.backfill.lines import line_id
 from producer.backfill.output import LineWriter, scan_out
 from producer.backfill.run import count_lines
 from vela2.api.schemas import content_id
-from vela2.wire.keys import backfill_queue, result_key, submitted_key
+from vela2.wire.keys import backfill_queue, result_key, submitted_key, tenant_list
 from vela2.wire.messages import decode_body, decode_envelope
 
 pytestmark = pytest.mark.integration
@@ -435,7 +435,7 @@ def test_a_tenants_backfill_queues_and_reads_its_own_ids(tmp_path, redis_server,
         lines = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
         assert lines["b"]["status"] == "ok" and summary.recovered == 1  # its own stored answer, under "b"
         assert lines["c"]["error"]["type"] == "timeout"  # queued (no worker here) under acme/c
-        (raw,) = client.lrange(backfill_queue("m"), 0, -1)
+        (raw,) = client.lrange(tenant_list(backfill_queue("m"), "acme"), 0, -1)  # on acme's own list
         assert decode_body(decode_envelope(raw).body).requests[0]["id"] == "acme/c"
     finally:
         client.close()

@@ -17,6 +17,7 @@ from producer.client import Client, pack_messages, prepare_request
 from vela2.api.schemas import RowResult, Status, content_id, parse_row
 from vela2.api.systemone import parse_request
 from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired
+from vela2.wire import keys
 from vela2.wire.keys import result_key, submitted_key
 from vela2.wire.messages import decode_body
 from vela2.wire.results import ANSWERED, ResultStore, row_meta
@@ -64,8 +65,10 @@ def client(redis):
     return Client(model="vela2-demo", redis=redis)
 
 
-def _queued(redis, queue: str) -> list[dict]:
-    return [json.loads(x) for x in reversed(redis.lrange(queue, 0, -1))]  # oldest first
+def _queued(redis, queue: str, tenant: str | None = None) -> list[dict]:
+    """The messages waiting on `queue` (a tenant's own list of it for `tenant`), oldest first."""
+    name = keys.tenant_list(queue, tenant) if tenant else queue
+    return [json.loads(x) for x in reversed(redis.lrange(name, 0, -1))]
 
 
 def _body(msg: dict):
@@ -193,8 +196,9 @@ def test_submit_many_claims_every_id_in_one_round_trip_then_pushes_in_one(redis)
     _reset_counts()
     client.submit_many([{**ROW, "id": f"p-{i}"} for i in range(4)], chunk_size=2, backfill=True)
     assert CountingRedis.commands == []  # nothing beside the two pipelines
-    # the claims (conflict check + submitted marker of every id), then the messages
-    assert round_trips == [["EVAL"] * 4, ["LPUSH", "LPUSH"]]
+    # the claims (conflict check + submitted marker of every id), then the messages (one PUSH_SCRIPT)
+    assert round_trips == [["EVAL"] * 4, ["EVAL"]]
+    assert len(_queued(redis, BACKFILL)) == 2
     assert {redis.get(submitted_key(f"p-{i}")).split()[0] for i in range(4)} == {BACKFILL.encode()}
 
 
@@ -326,7 +330,8 @@ def test_tenants_ids_never_meet(redis):
     plain = Client(model="vela2-demo", redis=redis)
     assert acme.submit({**ROW, "id": "x"}) == "x"
     assert beta.submit({**ROW, "text": "other content", "id": "x"}) == "x"  # no conflict across tenants
-    queued = _queued(redis, ONLINE)
+    queued = _queued(redis, ONLINE, "acme") + _queued(redis, ONLINE, "beta")  # each on its tenant's list
+    assert _queued(redis, ONLINE) == []
     assert sorted(m["headers"]["id"] for m in queued) == ["acme/x", "beta/x"]
     assert sorted(_body(m).requests[0]["id"] for m in queued) == ["acme/x", "beta/x"]
 

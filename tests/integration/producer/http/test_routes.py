@@ -12,7 +12,8 @@ import pytest
 
 from producer.answers import http_status as status_code
 from vela2.api.schemas import ErrorInfo, RowResult, Status
-from vela2.wire.keys import online_queue, result_key
+from vela2.wire.fleet import queue_depths
+from vela2.wire.keys import online_queue, result_key, tenant_list
 from vela2.wire.results import ResultStore, row_meta
 
 pytestmark = pytest.mark.integration
@@ -290,10 +291,12 @@ def test_api_keys_let_in_their_tenants_only_for_their_models(redis_url, redis_se
         assert "may not use model 'vela2-demo'" in r.json()["error"]["message"]
         client = redis_server.client()
         try:
-            assert client.llen(online_queue(MODEL)) == 0  # nothing refused was queued
+            waiting = lambda: queue_depths(client, [online_queue(MODEL)])[online_queue(MODEL)]  # noqa: E731
+            assert waiting() == 0  # nothing refused was queued
             good = {"Authorization": f"Bearer {key_a}"}
             r = http.post("/v1/system_one", json=REQUEST, params={"wait_s": 0}, headers=good)
-            assert r.status_code == 202 and client.llen(online_queue(MODEL)) == 1
+            assert r.status_code == 202 and waiting() == 1
+            assert client.llen(tenant_list(online_queue(MODEL), "acme")) == 1  # on acme's own list
         finally:
             client.close()
         assert http.get("/v1/results/http-1", headers=good).status_code == 202

@@ -114,3 +114,53 @@ def test_online_batches_go_before_backfill_batches():
     one.add("online-new", 100, since=6.0, priority=0)
     assert one.pop_batch(10.0) == ["online-new"]
     assert one.pop_batch(10.0) == ["backfill-old"]
+
+
+def _drain_flows(b: Buckets[str], now: float) -> list[str]:
+    """Every batch's flows, in the order the batches go (the values name their flow first)."""
+    order = []
+    while (batch := b.pop_batch(now, online_now=True)) is not None:
+        order.append("".join(sorted({v[0] for v in batch})))
+    return order
+
+
+def test_a_tenant_arriving_behind_anothers_backlog_rides_the_next_batch():
+    for row_tokens in (None, 64):
+        b: Buckets[str] = Buckets(400, max_wait_s=0.01, row_tokens=row_tokens)
+        for i in range(200):  # tenant A's backlog: 50 batches of 4
+            b.add(f"a{i}", 100 if row_tokens is None else 60, since=float(i), flow="A")
+        b.pop_batch(1000.0, online_now=True)  # one of A's goes
+        b.add("b0", 100 if row_tokens is None else 60, since=500.0, flow="B")
+        nxt = b.pop_batch(1000.0, online_now=True)
+        assert nxt is not None and "b0" in nxt, (row_tokens, nxt)
+
+
+def test_batches_share_the_device_by_weight_while_both_tenants_wait():
+    b: Buckets[str] = Buckets(400, max_wait_s=0.01)
+    b.weights = {"A": 2.0}
+    for i in range(120):
+        b.add(f"a{i}", 100, since=float(i), flow="A")
+        b.add(f"b{i}", 100, since=float(i), flow="B")
+    handed = "".join(v[0] for _ in range(15) for v in (b.pop_batch(1000.0, online_now=True) or []))
+    assert abs(handed.count("a") - 2 * handed.count("b")) <= 4, handed  # 60 sequences: ~40 of A's, ~20 of B's
+
+
+def test_one_tenant_alone_is_batched_as_without_tenants():
+    plain: Buckets[int] = Buckets(1000, max_wait_s=0.01)
+    flowed: Buckets[int] = Buckets(1000, max_wait_s=0.01)
+    for i, n in enumerate([30, 700, 45, 90, 310, 64, 20, 128, 900, 33] * 3):
+        plain.add(i, n, since=float(i % 7))
+        flowed.add(i, n, since=float(i % 7), flow="A")
+    while (got := plain.pop_batch(100.0)) is not None:
+        assert flowed.pop_batch(100.0) == got
+    assert len(flowed) == 0
+
+
+def test_online_still_goes_before_backfill_within_and_across_tenants():
+    b: Buckets[str] = Buckets(150, max_wait_s=0.01)
+    b.add("A-backfill", 100, since=0.0, priority=1, flow="A")
+    b.add("B-backfill", 100, since=0.0, priority=1, flow="B")
+    b.add("A-online", 100, since=9.0, priority=0, flow="A")
+    assert b.pop_batch(10.0) == ["A-online"]
+    assert sorted([b.pop_batch(10.0)[0], b.pop_batch(10.0)[0]]) == ["A-backfill", "B-backfill"]
+    assert b.pop_batch(10.0) is None and len(b) == 0
