@@ -18,7 +18,6 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,7 +31,7 @@ from bench.queue_bench import bench_redis, machine_info
 from producer.loadtest.openloop import Plan, Target, run_point
 from producer.loadtest.report import summarize
 from producer.testing.fake_worker import FakeWorker
-from stack.harness import ROOT, child_env, free_port
+from stack.harness import start_route
 
 log = logging.getLogger("bench.upload_isolation")
 MODEL = "vela2-demo"
@@ -43,29 +42,6 @@ def upload_body(lines: int, seed: int) -> bytes:
     return "".join(json.dumps({"id": f"u{seed}-{i}", "task": "choice:boolq", "text": f"line {i} of upload {seed}",
                                "questions": [{"question": "Is it?", "options": ["yes", "no"]}]}) + "\n"
                    for i in range(lines)).encode()
-
-
-def start_route(url: str, uploads: int, before: str | None, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """A route process (this checkout's, or `before`'s) on a free port; its base URL once it answers."""
-    port = free_port()
-    args = ["--redis", url, "--port", str(port), "--model", MODEL, "--no-auth"]
-    if before is None:
-        cmd = [sys.executable, "-m", "producer.http.app", *args, "--uploads-per-tenant", str(uploads)]
-    else:
-        cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {before!r}); from producer.http.app import main; "
-               "sys.exit(main(sys.argv[1:]))", *args]
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(cmd, env=child_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"{base}/openapi.json", timeout=1)
-            return proc, base
-        except httpx.TransportError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the route did not start:\n{log_path.read_text()[-2000:]}") from None
-            time.sleep(0.05)
 
 
 def measure(base: str, tag: str, args: argparse.Namespace, bodies: list[bytes]) -> dict[str, Any]:
@@ -96,7 +72,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for name, before in routes:
         with bench_redis(work / f"redis-{name}") as (url, _, _):
             worker = FakeWorker(url, MODEL).start()
-            proc, base = start_route(url, args.uploads, before, work / f"route-{name}.log")
+            extra = () if before else ("--uploads-per-tenant", str(args.uploads))  # (the old route has no such flag)
+            proc, base = start_route(url, MODEL, work / f"route-{name}.log", "--no-auth", *extra, before=before)
             try:
                 idle = measure(base, f"{name}-idle", args, [])
                 loaded = measure(base, f"{name}-loaded", args, bodies)

@@ -5,12 +5,14 @@ A key is a bearer token (``Authorization: Bearer <key>``). Only its SHA-256 is k
 holds one JSON object per line::
 
     {"tenant": "acme", "sha256": "<hex digest of the key>", "models": ["vela2-demo"],
-     "quotas": {"requests_per_s": 50}}
+     "quotas": {"requests_per_s": 50}, "share": 2}
 
 ``models`` is optional (absent: every model). ``quotas`` is optional (absent: none): the caller's
 limits, enforced by the route across its replicas (producer.quotas): ``requests_per_s`` (SystemOne
 requests a second) and ``live_jobs`` (bulk jobs not ended); past them: 429 ``quota_exceeded``.
-Several keys may name one tenant (rotation; each key carries its own quotas). Make a key with
+``share`` is optional (default 1): the tenant's weight in the workers' fair share (a tenant of share 2
+gets twice the messages and device tokens of one of share 1 while both wait; several keys of one
+tenant: the largest). Several keys may name one tenant (rotation; each key carries its own quotas). Make a key with
 ``python -m producer.auth new TENANT [--models a,b]``: it prints the key once (give it to the
 caller) and the line to append to the keys file.
 """
@@ -34,6 +36,7 @@ ENV_API_KEYS = "VELA2_API_KEYS"
 ENV_API_KEYS_FILE = "VELA2_API_KEYS_FILE"
 KEY_PREFIX = "vela2_"  # every key made here starts so (secret scanners can find leaked ones)
 MAX_KEY_CHARS = 512  # a longer Authorization value is refused without hashing it
+MIN_SHARE, MAX_SHARE = 0.01, 1000  # a tenant's weight in the fair share
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class ApiKey:
     sha256: str
     models: frozenset[str] | None = None
     quotas: Quotas | None = None  # the caller's limits (producer.quotas)
+    share: float | None = None  # the tenant's weight in the fair share (None: 1)
 
     def line(self) -> str:
         """Its keys-file line."""
@@ -52,6 +56,8 @@ class ApiKey:
             obj["models"] = sorted(self.models)
         if self.quotas is not None:
             obj["quotas"] = self.quotas.to_dict()
+        if self.share is not None:
+            obj["share"] = self.share
         return json.dumps(obj)
 
 
@@ -79,6 +85,14 @@ class KeyRing:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def shares(self) -> dict[str, float | None]:
+        """Each tenant's weight in the fair share: the largest its keys name (None: none names one)."""
+        out: dict[str, float | None] = {}
+        for k in self.keys:
+            have = out.get(k.tenant)
+            out[k.tenant] = k.share if have is None else max(have, k.share or have)
+        return out
+
     @classmethod
     def parse(cls, text: str, source: str) -> KeyRing:
         """Keys from JSON lines (blank lines and lines starting with # ignored); raises ConfigError
@@ -93,9 +107,9 @@ class KeyRing:
                 obj = json.loads(line)
             except ValueError as e:
                 raise ConfigError(f"{where}: not JSON ({e})") from None
-            if not isinstance(obj, dict) or set(obj) - {"tenant", "sha256", "models", "quotas"}:
-                raise ConfigError(f"{where}: an object with tenant, sha256 and optionally models and quotas is "
-                                  "expected")
+            if not isinstance(obj, dict) or set(obj) - {"tenant", "sha256", "models", "quotas", "share"}:
+                raise ConfigError(f"{where}: an object with tenant, sha256 and optionally models, quotas and share "
+                                  "is expected")
             tenant, digest, models = obj.get("tenant"), obj.get("sha256"), obj.get("models")
             if problem := tenant_problem(tenant):
                 raise ConfigError(f"{where}: {problem}")
@@ -104,7 +118,12 @@ class KeyRing:
             if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
                 raise ConfigError(f"{where}: models must be a list of model names")
             quotas = Quotas.parse(obj["quotas"], where) if "quotas" in obj else None
-            keys.append(ApiKey(str(tenant), digest, frozenset(models) if models is not None else None, quotas))
+            share = obj.get("share")
+            if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                      or not MIN_SHARE <= share <= MAX_SHARE):
+                raise ConfigError(f"{where}: share must be a number from {MIN_SHARE} to {MAX_SHARE:,}; got {share!r}")
+            keys.append(ApiKey(str(tenant), digest, frozenset(models) if models is not None else None, quotas,
+                               None if share is None else float(share)))
         return cls(keys)
 
     @classmethod

@@ -4,6 +4,8 @@ tenant may use of the shared Redis and workers, so that no tenant can hurt anoth
 - ``requests_per_s``: SystemOne requests a second. Counted in Redis in a window of one second per
   tenant (RATE_SCRIPT: one atomic INCRBY, refused and taken back over the limit), so every replica
   of the route shares one count.
+- ``queued``: messages (a SystemOne request is one) waiting for a worker on the tenant's list of the
+  online queue. Checked by the push itself (vela2.wire.taking.PUSH_SCRIPT), atomically.
 - ``live_jobs``: bulk jobs not ended. A sorted set per tenant of its jobs' keys (JOBS_SCRIPT: those
   ended or gone are swept, then the new job is reserved or refused, in one atomic step).
 
@@ -17,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vela2.errors import ConfigError, Vela2Error
+from vela2.errors import ConfigError, QuotaExceeded
 
 QUOTA_PREFIX = "vela2:quota:"  # vela2:quota:<tenant>:rate:<unix second>, vela2:quota:<tenant>:jobs
 RETRY_JOBS_S = 30  # Retry-After of a live_jobs refusal: jobs end in minutes, not seconds
@@ -57,21 +59,12 @@ return 0
 RESERVE_GRACE_S = 60  # a reserved job not created within this is not counted (its upload failed first)
 
 
-class QuotaExceeded(Vela2Error):
-    """A tenant's quota refused a request: `quota`, `limit` and `usage` (what it would have been)."""
-
-    code = "quota_exceeded"
-
-    def __init__(self, quota: str, limit: int, usage: int, retry_after_s: int = 1):
-        super().__init__(f"quota {quota} of this tenant is {limit:,}; this would make it {usage:,}")
-        self.quota, self.limit, self.usage, self.retry_after_s = quota, limit, usage, retry_after_s
-
-
 @dataclass(frozen=True)
 class Quotas:
     """A tenant's limits (None: unlimited)."""
 
     requests_per_s: int | None = None
+    queued: int | None = None
     live_jobs: int | None = None
 
     @classmethod

@@ -3,7 +3,10 @@ a dead letter or a live worker in this Redis, or those named by --model): its qu
 (online, backfill, dead letters) and its live workers, each with its device, precision, checkpoint
 digest, batches per second, held messages, answers by status and failures by reason (from the
 description every worker rewrites with its heartbeat, vela2.wire.fleet); then the messages held by
-workers of any model (kombu's unacked hash). `--json` prints the same as one JSON object.
+workers of any model (kombu's unacked hash). `--tenants` adds, per model, each tenant's messages
+waiting (online, backfill), its weight in the fair share and its live bulk jobs (tenants with
+messages waiting, a share set or a live-jobs quota in use). `--json` prints the same as one JSON
+object.
 
 Exit status: 0; 2 for bad arguments; 3 when Redis does not answer (one line naming the URL,
 password masked).
@@ -22,6 +25,7 @@ from typing import Any
 import redis
 
 from producer.client import DEFAULT_REDIS_URL
+from producer.quotas import QUOTA_PREFIX, jobs_key
 from vela2.wire import fleet, keys
 from vela2.wire.connections import redis_client
 from vela2.wire.urls import ENV_BROKER_URL, add_url_arguments, mask_url, url_from_args
@@ -44,10 +48,11 @@ def models_in(client: Any) -> list[str]:
     return sorted(m for m in found if m)
 
 
-def gather(client: Any, models: list[str] | None = None, broker: Any = None) -> dict[str, Any]:
-    """The status as JSON-able data: {"models": {name: {"queues", "dead", "workers"}}, "unacked"}.
-    `client`: the result store (dead letters, heartbeats); `broker`: the Redis the queues live in
-    (default `client`), or a RabbitMQ URL (ready messages only; "unacked" is then None)."""
+def gather(client: Any, models: list[str] | None = None, broker: Any = None, tenants: bool = False) -> dict[str, Any]:
+    """The status as JSON-able data: {"models": {name: {"queues", "dead", "workers"[, "tenants"]}},
+    "unacked"}. `client`: the result store (dead letters, heartbeats, quotas); `broker`: the Redis the
+    queues live in (default `client`), or a RabbitMQ URL (ready messages only; "unacked" is then
+    None; no tenant's messages are told apart there). `tenants`: add each model's per-tenant usage."""
     broker = client if broker is None else broker
     amqp = isinstance(broker, str)
     names = models or models_in(client)
@@ -55,15 +60,50 @@ def gather(client: Any, models: list[str] | None = None, broker: Any = None) -> 
     unacked: int | None = None
     for name in names:
         queues = keys.queues(name)
-        depths = fleet.amqp_queue_depths(broker, queues) if amqp else fleet.queue_depths(broker, queues)
+        by_tenant: dict[str, dict[str, int]] = {q: {} for q in queues}
+        if amqp:
+            depths = fleet.amqp_queue_depths(broker, queues)
+        else:
+            depths, by_tenant = fleet.depths(broker, queues)
         unacked = depths.get(keys.UNACKED_KEY)
         out["models"][name] = {
             "queues": {"online": depths[keys.online_queue(name)], "backfill": depths[keys.backfill_queue(name)]},
             "dead": int(client.llen(keys.dead_letter(name))),
             "workers": fleet.live_workers(client, name),
         }
+        if tenants:
+            out["models"][name]["tenants"] = tenant_usage(client, None if amqp else broker, name, by_tenant)
     out["unacked"] = unacked if names or amqp else int(broker.hlen(keys.UNACKED_KEY))
     return out
+
+
+def tenant_usage(client: Any, broker: Any, model: str, by_tenant: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Per tenant: messages waiting online and backfill, its share (weight; the Redis broker holds
+    them, else the store) and its live bulk jobs (the live_jobs quota's count: jobs of every model)."""
+    online, backfill = by_tenant[keys.online_queue(model)], by_tenant[keys.backfill_queue(model)]
+    shares = {_text(k): float(v) for k, v in (broker or client).hgetall(keys.TENANT_SHARES_KEY).items()}
+    jobs = {_text(k)[len(QUOTA_PREFIX):].rsplit(":", 1)[0]: _text(k)
+            for k in client.scan_iter(match=jobs_key("*"), count=SCAN_COUNT)}
+    live = {t: live_jobs(client, key) for t, key in jobs.items()}
+    names = sorted(set(online) | set(backfill) | set(shares) | {t for t, n in live.items() if n})
+    return {t: {"online": online.get(t, 0), "backfill": backfill.get(t, 0), "share": shares.get(t, 1.0),
+                "live_jobs": live.get(t, 0)} for t in names}
+
+
+def live_jobs(client: Any, key: str) -> int:
+    """The jobs of a tenant's live-jobs set (producer.quotas) that exist and have not ended (the set
+    keeps ended ones until the tenant's next job sweeps them)."""
+    members = [_text(m) for m in client.zrange(key, 0, -1)]
+    pipe = client.pipeline(transaction=False)
+    for m in members:
+        pipe.exists(m)
+        pipe.hexists(m, "status")
+    got = pipe.execute() if members else []
+    return sum(1 for i in range(0, len(got), 2) if got[i] and not got[i + 1])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def render(status: dict[str, Any]) -> str:
@@ -89,6 +129,12 @@ def render(status: dict[str, Any]) -> str:
                 + (", ".join(f"{k} {v:,}" for k, v in sorted(answered.items())) or "none")
                 + (" | failures " + ", ".join(f"{k} {v:,}" for k, v in sorted(failures.items())) if failures else "")
             )
+        if "tenants" in m:
+            lines.append(f"  tenants: {len(m['tenants'])}" + ("" if m["tenants"] else " (none with messages waiting, "
+                                                                                    "a share or live jobs)"))
+            for t, u in m["tenants"].items():
+                lines.append(f"    {t}: online {u['online']:,} | backfill {u['backfill']:,} | share {u['share']:g} | "
+                             f"live jobs {u['live_jobs']:,}")
     held = status["unacked"]
     lines.append(f"held by workers of any model (unacked): {'not told by RabbitMQ' if held is None else f'{held:,}'}")
     return "\n".join(lines)
@@ -103,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                          f"(amqp://) (default ${ENV_BROKER_URL})")
     ap.add_argument("--model", action="append", default=None,
                     help="only this model (repeatable); default every model found in this Redis")
+    ap.add_argument("--tenants", action="store_true",
+                    help="add each tenant's messages waiting, share and live jobs (per model)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
     return ap
 
@@ -119,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.broker:
         broker = redis_client(args.broker, socket_timeout=10, socket_connect_timeout=10)
     try:
-        status = gather(client, args.model, broker)
+        status = gather(client, args.model, broker, tenants=args.tenants)
     except redis.exceptions.RedisError as e:
         print(f"vela2 status: Redis at {mask_url(url)} (or the broker) did not answer: {e}", file=sys.stderr)
         return EXIT_REDIS_UNAVAILABLE

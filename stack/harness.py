@@ -284,6 +284,36 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def start_route(redis_url: str, model: str, log_path: Path, *args: str, before: str | None = None,
+                timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
+    """A `python -m producer.http.app` process for `model` on a free loopback port (`args` added: keys,
+    uploads...; `before`: the route of another checkout, that directory first on sys.path) and its
+    base URL once it answers; RuntimeError with the log's tail if it exits or does not answer first."""
+    import httpx
+
+    port = free_port()
+    argv = ["--redis", redis_url, "--port", str(port), "--model", model, *args]
+    if before is None:
+        cmd = [sys.executable, "-m", "producer.http.app", *argv]
+    else:
+        cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {before!r}); from producer.http.app import main; "
+               "sys.exit(main(sys.argv[1:]))", *argv]
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, env=child_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=die_with_parent)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.get(f"{base}/openapi.json", timeout=1)
+            return proc, base
+        except httpx.TransportError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"the route did not start:\n{Path(log_path).read_text()[-3000:]}") from None
+            time.sleep(0.05)
+
+
 @dataclass
 class WorkerProcess:
     """One worker subprocess and its log file."""

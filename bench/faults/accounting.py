@@ -16,7 +16,7 @@ import redis as redis_lib
 
 from bench.faults.context import POLL_S, QUEUE
 from stack.harness import WorkerProcess
-from vela2.wire import keys
+from vela2.wire import fleet, keys
 
 
 def classify(raw: bytes | None) -> str | None:
@@ -133,7 +133,7 @@ def unacked(r: redis_lib.Redis) -> int:
 def drained(r: redis_lib.Redis) -> bool:
     """Nothing queued and nothing held by a worker."""
     try:
-        return not r.llen(QUEUE) and not r.hlen(keys.UNACKED_KEY)
+        return not fleet.queue_depths(r, [QUEUE])[QUEUE] and not r.hlen(keys.UNACKED_KEY)
     except redis_lib.RedisError:
         return False
 

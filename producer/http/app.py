@@ -206,6 +206,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     to one loop) and closed when it stops."""
     state: RouteState = app.state.vela2
     state.open()
+    await state.publish_shares()
     try:
         yield
     finally:

@@ -6,6 +6,7 @@ the bulk-job routes (producer.jobs is synchronous: those routes run it in worker
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from producer.auth import KeyRing
 from producer.brokers import AmqpPublisher
 from producer.client import Client
 from vela2.wire.connections import redis_pool
-from vela2.wire.keys import is_amqp_url
+from vela2.wire.keys import TENANT_SHARES_KEY, is_amqp_url
 
 DEFAULT_TIMEOUT_S = 10.0  # how long POST waits for the answer by default
 DEFAULT_MAX_WAIT_S = 60.0  # the largest wait_s a caller may ask for
@@ -30,6 +31,8 @@ DEFAULT_MAX_BATCH_BYTES = 64 << 20  # the largest JSONL body of POST /v1/batches
 DEFAULT_UPLOAD_PROCESSES = 2  # processes that parse and queue batch uploads (online requests never wait for them)
 DEFAULT_UPLOAD_TIMEOUT_S = 300.0  # longest one upload may take to register its lines (then 408; the job fails)
 DEFAULT_UPLOADS_PER_TENANT = 2  # batch uploads one tenant may have in progress at once (more: 429)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,26 @@ class RouteState:
         self._client = AsyncClient(model=s.model, track_submitted=True, redis=redis_client, broker=broker,
                                    wait_replicas=s.wait_replicas)
         self._opened = (pool, redis_client, broker, broker_pool)
+
+    async def publish_shares(self) -> None:
+        """Write the keys file's tenant shares where the workers' take reads them (the Redis broker,
+        else the result store): a tenant with a share is set, one without is reset to 1. A Redis away
+        is logged: the shares written last stay."""
+        keyring = self.settings.keys
+        if keyring is None or self._opened is None:
+            return
+        _, redis_client, broker, _ = self._opened
+        target = broker if broker is not None and not isinstance(broker, AmqpPublisher) else redis_client
+        shares = keyring.shares()
+        pipe = target.pipeline(transaction=True)
+        if set_ := {t: s for t, s in shares.items() if s is not None}:
+            pipe.hset(TENANT_SHARES_KEY, mapping=set_)
+        if unset := [t for t, s in shares.items() if s is None]:
+            pipe.hdel(TENANT_SHARES_KEY, *unset)
+        try:
+            await pipe.execute()
+        except redis_lib.exceptions.RedisError as e:
+            log.warning("could not write the tenants' shares (%s): the workers keep the shares written last", e)
 
     async def aclose(self) -> None:
         """Close every client and pool `open` made, and the synchronous pool."""

@@ -13,18 +13,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from itertools import count
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from producer.testing import FakeWorker
-from stack.harness import ROOT, RabbitVhost, RedisServer, WorkerProcess, child_env, find_redis_server, free_port
+from stack.harness import RabbitVhost, RedisServer, WorkerProcess, find_redis_server, start_route
 from tests.support.sentinel_cluster import SentinelCluster
 
 HERE = Path(__file__).resolve().parent
@@ -175,24 +172,10 @@ def http_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
     procs: list[subprocess.Popen] = []
 
     def start(redis_url: str, *args: str) -> str:
-        port = free_port()
-        log_path = tmp_path / f"http{len(procs)}.log"
-        cmd = [sys.executable, "-m", "producer.http.app", "--redis", redis_url, "--port", str(port), "--model", MODEL]
-        if "--api-keys-file" not in args:
-            cmd.append("--no-auth")
-        with open(log_path, "wb") as out:
-            proc = subprocess.Popen([*cmd, *args], env=child_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        auth = () if "--api-keys-file" in args else ("--no-auth",)
+        proc, base = start_route(redis_url, MODEL, tmp_path / f"http{len(procs)}.log", *auth, *args)
         procs.append(proc)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{base}/openapi.json", timeout=1)
-                return base
-            except httpx.TransportError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"the http server did not start:\n{log_path.read_text()[-3000:]}") from None
-                time.sleep(0.05)
+        return base
 
     yield start
     for proc in procs:

@@ -31,7 +31,7 @@ from producer.prepare import prepare_request
 from producer.quotas import take_rate
 from vela2.api.systemone import parse_request
 from vela2.config import LIMITS
-from vela2.errors import IdConflict, InvalidRequest, ModelMismatch, ResultExpired, StoreFull, Vela2Error
+from vela2.errors import IdConflict, InvalidRequest, ModelMismatch, QuotaExceeded, ResultExpired, StoreFull, Vela2Error
 
 router = APIRouter()
 
@@ -97,9 +97,9 @@ def read_system_one(body: bytes, model: str) -> tuple[Any, JSONResponse | None]:
         **ANSWER_RESPONSES,
         202: {"model": Pending, "description": "queued; not answered in wait_s"},
         408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s"},
-        429: {"model": ErrorAnswer, "description": "the tenant's requests_per_s quota (quota_exceeded: the quota, its "
-                                                   "limit and the usage; Retry-After), or every Redis connection "
-                                                   "stayed busy (busy; Retry-After)"},
+        429: {"model": ErrorAnswer, "description": "the tenant's requests_per_s or queued quota (quota_exceeded: the "
+                                                   "quota, its limit and the usage; Retry-After), or every Redis "
+                                                   "connection stayed busy (busy; Retry-After)"},
         410: {
             "model": ErrorAnswer,
             "description": "answered, and expired from the result store within wait_s (result_expired; "
@@ -125,12 +125,16 @@ async def post_system_one(request: Request, tenant: Tenant, state: Shared) -> JS
     if refused is not None:
         return refused
     # the tenant's request rate, counted before anything is written (429 quota_exceeded)
-    await take_rate(state.client(tenant).redis, tenant or "", getattr(request.state, "quotas", None))
+    quotas = getattr(request.state, "quotas", None)
+    await take_rate(state.client(tenant).redis, tenant or "", quotas)
     try:
         # queued unless its id is answered already (then the answer below comes at once), and
-        # refused when the id names a request with other content (answered or pending);
-        # validated above already (read_system_one)
-        rid = await state.client(tenant).submit(obj, deadline_s=query.deadline_s, validate=False)
+        # refused when the id names a request with other content (answered or pending), or when the
+        # tenant's queue holds its `queued` quota already; validated above already (read_system_one)
+        rid = await state.client(tenant).submit(obj, deadline_s=query.deadline_s, validate=False,
+                                                max_queued=quotas.queued if quotas is not None else None)
+    except QuotaExceeded:
+        raise  # 429 quota_exceeded (the app's handler)
     except IdConflict as e:
         return error(409, e, obj)
     except StoreFull as e:  # Redis is up and refuses writes (maxmemory): not "unreachable"

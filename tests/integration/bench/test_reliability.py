@@ -153,3 +153,15 @@ def test_a_lost_request_fails_the_suite(monkeypatch, tmp_path: Path, demo_dir: P
     assert report["lost"] == 1 and report["scenarios"][0]["notes"]["lost_ids"] == ["never-sent"]
 
 
+
+
+def test_one_tenant_exhausting_its_quota_leaves_the_other_unaffected(tmp_path: Path, demo_dir: Path):
+    out = tmp_path / "reliability.json"
+    argv = ["--only", "tenant_quota", "--scale", "0.2", "--fuzz-examples", "0", "--checkpoint", str(demo_dir),
+            "--out", str(out)]
+    assert main(argv) == 0
+    (s,) = json.loads(out.read_text())["scenarios"]
+    assert s["passed"] and s["lost"] == 0, s["checks"]
+    noisy = s["notes"]["noisy"]
+    assert noisy["by_status"].get("429") and set(noisy["refused_quotas"]) <= {"quota requests_per_s", "quota queued"}
+    assert s["requests"] == s["answered_ok"] >= s["notes"]["quiet"]["sent"]
