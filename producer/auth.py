@@ -7,9 +7,10 @@ holds one JSON object per line::
     {"tenant": "acme", "sha256": "<hex digest of the key>", "models": ["vela2-demo"],
      "quotas": {"requests_per_s": 50}, "share": 2}
 
-``models`` is optional (absent: every model). ``quotas`` is optional (absent: none): the caller's
-limits, enforced by the route across its replicas (producer.quotas): ``requests_per_s`` (SystemOne
-requests a second) and ``live_jobs`` (bulk jobs not ended); past them: 429 ``quota_exceeded``.
+``models`` is optional (absent: every model). ``quotas`` is optional (absent: the tenant's in
+``--quotas-file``, else none): the caller's limits, enforced by the route across its replicas
+(producer.quotas: requests_per_s, tokens_per_s, queued, stored_bytes, live_jobs, job_lines); past
+them: 429 (507 for stored_bytes) ``quota_exceeded``.
 ``share`` is optional (default 1): the tenant's weight in the workers' fair share (a tenant of share 2
 gets twice the messages and device tokens of one of share 1 while both wait; several keys of one
 tenant: the largest). Several keys may name one tenant (rotation; each key carries its own quotas). Make a key with

@@ -4,8 +4,10 @@ a dead letter or a live worker in this Redis, or those named by --model): its qu
 digest, batches per second, held messages, answers by status and failures by reason (from the
 description every worker rewrites with its heartbeat, vela2.wire.fleet); then the messages held by
 workers of any model (kombu's unacked hash). `--tenants` adds, per model, each tenant's messages
-waiting (online, backfill), its weight in the fair share and its live bulk jobs (tenants with
-messages waiting, a share set or a live-jobs quota in use). `--json` prints the same as one JSON
+waiting (online, backfill), its weight in the fair share, its live bulk jobs and their lines (as the
+live_jobs / job_lines quotas count them) and the bytes its stored results hold (results are not
+per model: the same figure under each model; keyless producers are tenant "(keyless)"). Tenants
+listed: those with messages waiting, a share set, live jobs or stored results. `--json` prints the same as one JSON
 object.
 
 Exit status: 0; 2 for bad arguments; 3 when Redis does not answer (one line naming the URL,
@@ -25,8 +27,8 @@ from typing import Any
 import redis
 
 from producer.client import DEFAULT_REDIS_URL
-from producer.quotas import QUOTA_PREFIX, jobs_key
-from vela2.wire import fleet, keys
+from producer.quotas import QUOTA_PREFIX, job_lines_key, jobs_key
+from vela2.wire import fleet, keys, usage
 from vela2.wire.connections import redis_client
 from vela2.wire.urls import ENV_BROKER_URL, add_url_arguments, mask_url, url_from_args
 
@@ -79,27 +81,35 @@ def gather(client: Any, models: list[str] | None = None, broker: Any = None, ten
 
 def tenant_usage(client: Any, broker: Any, model: str, by_tenant: dict[str, dict[str, int]]) -> dict[str, Any]:
     """Per tenant: messages waiting online and backfill, its share (weight; the Redis broker holds
-    them, else the store) and its live bulk jobs (the live_jobs quota's count: jobs of every model)."""
+    them, else the store), its live bulk jobs and their lines (the live_jobs / job_lines quotas'
+    counts: jobs of every model) and its stored bytes (vela2.wire.usage; "" is keyless producers)."""
     online, backfill = by_tenant[keys.online_queue(model)], by_tenant[keys.backfill_queue(model)]
     shares = {_text(k): float(v) for k, v in (broker or client).hgetall(keys.TENANT_SHARES_KEY).items()}
-    jobs = {_text(k)[len(QUOTA_PREFIX):].rsplit(":", 1)[0]: _text(k)
+    jobs = {_text(k)[len(QUOTA_PREFIX):].rsplit(":", 1)[0]
             for k in client.scan_iter(match=jobs_key("*"), count=SCAN_COUNT)}
-    live = {t: live_jobs(client, key) for t, key in jobs.items()}
-    names = sorted(set(online) | set(backfill) | set(shares) | {t for t, n in live.items() if n})
-    return {t: {"online": online.get(t, 0), "backfill": backfill.get(t, 0), "share": shares.get(t, 1.0),
-                "live_jobs": live.get(t, 0)} for t in names}
+    live = {t: live_jobs(client, t) for t in jobs}
+    holders = {_text(k)[len(keys.STORED_PREFIX):] for k in client.scan_iter(match=keys.stored_key("*"),
+                                                                            count=SCAN_COUNT)}
+    stored = {t: usage.stored_bytes(client, t) for t in holders}
+    names = sorted(set(online) | set(backfill) | set(shares) | {t for t, n in live.items() if n[0]}
+                   | {t for t, n in stored.items() if n})
+    return {t or "(keyless)": {"online": online.get(t, 0), "backfill": backfill.get(t, 0), "share": shares.get(t, 1.0),
+                               "live_jobs": live.get(t, (0, 0))[0], "job_lines": live.get(t, (0, 0))[1],
+                               "stored_bytes": stored.get(t, 0)} for t in names}
 
 
-def live_jobs(client: Any, key: str) -> int:
-    """The jobs of a tenant's live-jobs set (producer.quotas) that exist and have not ended (the set
-    keeps ended ones until the tenant's next job sweeps them)."""
-    members = [_text(m) for m in client.zrange(key, 0, -1)]
+def live_jobs(client: Any, tenant: str) -> tuple[int, int]:
+    """(jobs, lines) of a tenant's live-jobs set (producer.quotas) that exist and have not ended (the
+    set keeps ended ones until the tenant's next job sweeps them)."""
+    members = [_text(m) for m in client.zrange(jobs_key(tenant), 0, -1)]
+    lines = client.hmget(job_lines_key(tenant), members) if members else []
     pipe = client.pipeline(transaction=False)
     for m in members:
         pipe.exists(m)
         pipe.hexists(m, "status")
     got = pipe.execute() if members else []
-    return sum(1 for i in range(0, len(got), 2) if got[i] and not got[i + 1])
+    live = [i for i in range(len(members)) if got[2 * i] and not got[2 * i + 1]]
+    return len(live), sum(int(lines[i] or 0) for i in live)
 
 
 def _text(value: Any) -> str:
@@ -130,11 +140,12 @@ def render(status: dict[str, Any]) -> str:
                 + (" | failures " + ", ".join(f"{k} {v:,}" for k, v in sorted(failures.items())) if failures else "")
             )
         if "tenants" in m:
-            lines.append(f"  tenants: {len(m['tenants'])}" + ("" if m["tenants"] else " (none with messages waiting, "
-                                                                                    "a share or live jobs)"))
+            none = " (none with messages waiting, a share, live jobs or stored results)"
+            lines.append(f"  tenants: {len(m['tenants'])}" + ("" if m["tenants"] else none))
             for t, u in m["tenants"].items():
                 lines.append(f"    {t}: online {u['online']:,} | backfill {u['backfill']:,} | share {u['share']:g} | "
-                             f"live jobs {u['live_jobs']:,}")
+                             f"live jobs {u['live_jobs']:,} ({u['job_lines']:,} lines) | "
+                             f"stored {u['stored_bytes']:,} bytes")
     held = status["unacked"]
     lines.append(f"held by workers of any model (unacked): {'not told by RabbitMQ' if held is None else f'{held:,}'}")
     return "\n".join(lines)

@@ -90,14 +90,16 @@ class StoreFull(Vela2Error):
 
 class QuotaExceeded(Vela2Error):
     """A tenant's quota refused a submission before anything of it was written: `quota` (its name),
-    `limit` and `usage` (what it would have been), `retry_after_s` (when trying again may pass).
-    HTTP 429 ``quota_exceeded``."""
+    `limit` and `usage` (what it is, or would have been), `retry_after_s` (when trying again may
+    pass). HTTP `status` ``quota_exceeded``: 429, or 507 for stored_bytes (storage)."""
 
     code = "quota_exceeded"
 
-    def __init__(self, quota: str, limit: int, usage: int, retry_after_s: int = 1):
-        super().__init__(f"quota {quota} of this tenant is {limit:,}; this would make it {usage:,}")
+    def __init__(self, quota: str, limit: int, usage: int, retry_after_s: int = 1, status: int = 429):
+        super().__init__(f"quota {quota} of this tenant is {limit:,}; this would make it {usage:,}"
+                         if status == 429 else f"quota {quota} of this tenant is {limit:,}; it holds {usage:,}")
         self.quota, self.limit, self.usage, self.retry_after_s = quota, limit, usage, retry_after_s
+        self.status = status
 
 
 class PoisonRequest(ModelError):

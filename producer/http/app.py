@@ -87,7 +87,7 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -125,7 +125,7 @@ from producer.http.state import (
     RouteState,
     Settings,
 )
-from producer.quotas import QuotaExceeded
+from producer.quotas import QuotaExceeded, Quotas, load_quotas_file
 from producer.submitting import store_full
 from vela2 import __version__
 from vela2.api.schemas import ErrorInfo
@@ -157,6 +157,7 @@ def create_app(
     upload_processes: int = DEFAULT_UPLOAD_PROCESSES,
     uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT,
     upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S,
+    tenant_quotas: Mapping[str, Quotas] | None = None,
 ) -> FastAPI:
     """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring), queueing
     on `broker_url` when the workers' broker is another Redis (as many connections again there).
@@ -168,13 +169,15 @@ def create_app(
     once this many replicas of the broker's Redis hold it (Client's `wait_replicas`; fewer: 503).
     Batch uploads are parsed and queued on `upload_processes` threads of their own, at most
     `uploads_per_tenant` at once per tenant (more: 429 too_many_uploads), each registered within
-    `upload_timeout_s` (else 408 upload_timeout, the job failed)."""
+    `upload_timeout_s` (else 408 upload_timeout, the job failed). `tenant_quotas`: tenant -> quotas
+    for callers whose key names none ("": keyless callers; producer.quotas.load_quotas_file)."""
     check_wait_replicas(wait_replicas, broker_url)
     settings = Settings(redis_url=redis_url, model=model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
                         redis_connections=redis_connections, redis_wait_s=redis_wait_s,
                         body_timeout_s=body_timeout_s, max_batch_bytes=max_batch_bytes, broker_url=broker_url,
                         wait_replicas=wait_replicas, upload_processes=upload_processes,
-                        uploads_per_tenant=uploads_per_tenant, upload_timeout_s=upload_timeout_s)
+                        uploads_per_tenant=uploads_per_tenant, upload_timeout_s=upload_timeout_s,
+                        tenant_quotas=dict(tenant_quotas or {}))
     state = RouteState(settings)
     app = FastAPI(
         title="Vela 2 SystemOne",
@@ -266,8 +269,9 @@ async def redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONRespon
 
 
 async def over_quota(_: Request, exc: QuotaExceeded) -> JSONResponse:
-    """429 quota_exceeded naming the quota, its limit and the usage, with Retry-After."""
-    response = error(429, exc)
+    """429 (507 for stored_bytes) quota_exceeded naming the quota, its limit and the usage, with
+    Retry-After."""
+    response = error(exc.status, exc)
     response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
 
@@ -329,6 +333,7 @@ def serve(
     upload_processes: int = DEFAULT_UPLOAD_PROCESSES,
     uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT,
     upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S,
+    tenant_quotas: Mapping[str, Quotas] | None = None,
 ) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
     `keys` None (no authentication) is refused unless `host` is a loopback address; a URL of the
@@ -349,7 +354,7 @@ def serve(
                      redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
                      max_batch_bytes=max_batch_bytes, broker_url=broker_url, wait_replicas=wait_replicas,
                      upload_processes=upload_processes, uploads_per_tenant=uploads_per_tenant,
-                     upload_timeout_s=upload_timeout_s)
+                     upload_timeout_s=upload_timeout_s, tenant_quotas=tenant_quotas)
     uvicorn.run(app, host=host, port=port, log_level=log_level, http=headers_timeout_protocol(headers_timeout_s))
 
 
@@ -378,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             upload_processes=args.upload_processes,
             uploads_per_tenant=args.uploads_per_tenant,
             upload_timeout_s=args.upload_timeout_s,
+            tenant_quotas=load_quotas_file(args.quotas_file),
             broker_url=args.broker,
             wait_replicas=args.wait_replicas,
         )

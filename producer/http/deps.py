@@ -33,11 +33,13 @@ def caller(request: Request, state: Shared) -> str | None:
     """The tenant of the request's API key (None without authentication); raises Refused."""
     keys = state.settings.keys
     if keys is None:
+        request.state.quotas = state.settings.quotas(None, None)  # keyless callers' (--quotas-file "")
         return None
     found = keys.check(request.headers.get("authorization"), state.settings.model)
     if isinstance(found, Refusal):
         raise Refused(found)
-    request.state.quotas = found.quotas  # the key's limits (producer.quotas), for the routes that count
+    # the key's limits, else its tenant's in --quotas-file (producer.quotas), for the routes that count
+    request.state.quotas = state.settings.quotas(found.tenant, found.quotas)
     return found.tenant
 
 

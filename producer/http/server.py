@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--api-keys-file", default=None,
                     help=f"the API keys callers present (producer.auth; default ${ENV_API_KEYS_FILE}, "
                     f"plus ${ENV_API_KEYS})")
+    ap.add_argument("--quotas-file", default=None, metavar="F",
+                    help='tenant -> quotas (JSON) for keys that name none; tenant "" is keyless callers (--no-auth)')
     ap.add_argument("--redis-connections", type=_positive(int), default=DEFAULT_REDIS_CONNECTIONS,
                     help="Redis connections of this process (requests wait for a free one)")
     ap.add_argument("--redis-wait-s", type=_positive(float), default=DEFAULT_REDIS_WAIT_S,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis as redis_lib
@@ -19,6 +20,7 @@ from producer.aio import AsyncClient, BoundedPool, SyncBoundedPool
 from producer.auth import KeyRing
 from producer.brokers import AmqpPublisher
 from producer.client import Client
+from producer.quotas import Quotas, Usage
 from vela2.wire.connections import redis_pool
 from vela2.wire.keys import TENANT_SHARES_KEY, is_amqp_url
 
@@ -53,6 +55,11 @@ class Settings:
     upload_processes: int = DEFAULT_UPLOAD_PROCESSES
     uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT
     upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S
+    tenant_quotas: Mapping[str, Quotas] = field(default_factory=dict)  # --quotas-file: "" = keyless callers
+
+    def quotas(self, tenant: str | None, key_quotas: Quotas | None) -> Quotas | None:
+        """A caller's quotas: its key's, else its tenant's in the quotas file (keyless: tenant "")."""
+        return key_quotas if key_quotas is not None else self.tenant_quotas.get(tenant or "")
 
 
 class RouteState:
@@ -73,6 +80,7 @@ class RouteState:
         self.uploading: dict[str | None, int] = {}  # tenant -> uploads in progress (the event loop's)
         self._client: AsyncClient | None = None
         self._tenants: dict[str, AsyncClient] = {}  # one client per tenant seen, over the one pool
+        self.usage = Usage()  # the stored_bytes and tokens_per_s quotas (producer.quotas)
         self._opened: tuple[Any, Any, Any, Any] | None = None  # (pool, redis client, broker, broker pool)
 
     def open(self) -> None:

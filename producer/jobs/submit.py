@@ -139,7 +139,9 @@ class _Submitter:
             brokers.push(self.client.broker, messages, self.client.wait_replicas)
         self.summary.queued += len(self.good)
         if self.answered:
-            failed = [o for o in self.store.store(self.answered, jobs=[self.job] * len(self.answered))
+            n = len(self.answered)
+            failed = [o for o in self.store.store(self.answered, jobs=[self.job] * n,
+                                                  tenants=[self.client.scope.tenant] * n)
                       if isinstance(o, Exception)]
             if failed:
                 raise failed[0]

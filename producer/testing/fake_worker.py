@@ -109,6 +109,7 @@ from vela2.wire.messages import (
     decode_delivery,
     decode_envelope,
     message_id,
+    message_tenant,
     refused_ids,
     request_digest,
     triage,
@@ -139,6 +140,7 @@ class _Answered:
     dead: list[str]
     duplicates: int = 0
     job: str | None = None  # the bulk job its results are counted on (vela2.wire.jobs)
+    tenant: str | None = None  # the tenant its results' bytes are counted on (vela2.wire.usage)
 
 
 class FakeWorker:
@@ -419,7 +421,7 @@ class FakeWorker:
         while True:
             try:
                 with self.lock:
-                    self._write(answered.writes, answered.dead, answered.job)
+                    self._write(answered)
                     self.held = 0
                 break
             except redis_lib.exceptions.ConnectionError:
@@ -432,12 +434,13 @@ class FakeWorker:
         self.requests += n
         return Drained(1, n, answered.duplicates, len(answered.dead))
 
-    def _write(self, writes: list[tuple[str, dict[str, Any]]], dead: list[str], job: str | None) -> None:
-        for outcome in self.store.store(writes, jobs=[job] * len(writes)):
+    def _write(self, answered: _Answered) -> None:
+        n = len(answered.writes)
+        for outcome in self.store.store(answered.writes, jobs=[answered.job] * n, tenants=[answered.tenant] * n):
             if isinstance(outcome, Exception):
                 raise outcome
-        if dead:
-            self.redis.lpush(keys.dead_letter(self.model), *dead)
+        if answered.dead:
+            self.redis.lpush(keys.dead_letter(self.model), *answered.dead)
 
     def _answer_item(self, queue: bytes | str, payload: bytes | str) -> _Answered:
         """What one queue item yields: (id, meta) pairs to store, dead-letter entries, duplicates.
@@ -473,7 +476,8 @@ class FakeWorker:
             writes.append((rid, meta))
         if got.chunk:
             writes.append((mid, chunk_meta(mid, dict(counts))))
-        return self._marked(_Answered(writes, dead, counts["duplicate"], got.job))
+        tenant = message_tenant(env.headers, [rid for rid, _ in got.requests])
+        return self._marked(_Answered(writes, dead, counts["duplicate"], got.job, tenant))
 
     def _marked(self, answered: _Answered) -> _Answered:
         for _, meta in answered.writes:

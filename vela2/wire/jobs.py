@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vela2.wire.keys import job_ids_key, job_key
+from vela2.wire.usage import COUNT_LUA
 
 JOB_ID_PREFIX = "batch_"  # job ids look like OpenAI's: batch_<32 hex>
 LINE_SEP = "#"  # a job line's wire id: <job>#<line index>
@@ -78,18 +79,19 @@ end
 """
 
 # Write results of one job, write-once, and count each one written on the job (vela2.wire.results has
-# the plain form): KEYS = job hash, ids list, then result key, marker key per result; ARGV = result TTL,
-# marker TTL, now, then status (one of COUNTED, or "" for a chunk summary: not counted) and value per
-# result. A status may carry, after a tab, the identity of the model that answered (`served_label`):
+# the plain form) and its bytes on the tenant (vela2.wire.usage): KEYS = job hash, ids list, the
+# tenant's stored-bytes hash, then result key, marker key per result; ARGV = result TTL, marker TTL,
+# now, bucket, the hash's TTL, then status (one of COUNTED, or "" for a chunk summary: not counted) and
+# value per result. A status may carry, after a tab, the identity of the model that answered (`served_label`):
 # counted too, in the field SERVED_PREFIX + identity. Returns 1 / 0 per result. A job hash that is
 # gone (expired) is not recreated.
-STORE_JOB_SCRIPT = _FINISH_LUA + """
+STORE_JOB_SCRIPT = _FINISH_LUA + COUNT_LUA + """
 local job, ids = KEYS[1], KEYS[2]
 local live = redis.call('EXISTS', job) == 1
-local out = {}
-for i = 1, (#KEYS - 2) / 2 do
-  local rk, mk = KEYS[2 * i + 1], KEYS[2 * i + 2]
-  local status, v = ARGV[2 * i + 2], ARGV[2 * i + 3]
+local out, bytes = {}, 0
+for i = 1, (#KEYS - 3) / 2 do
+  local rk, mk = KEYS[2 * i + 2], KEYS[2 * i + 3]
+  local status, v = ARGV[2 * i + 4], ARGV[2 * i + 5]
   local who = ''
   local tab = string.find(status, '\t', 1, true)
   if tab then
@@ -107,11 +109,13 @@ for i = 1, (#KEYS - 2) / 2 do
         redis.call('HINCRBY', job, 'served:' .. who, 1)
       end
     end
+    bytes = bytes + #rk + #v
     out[i] = 1
   else
     out[i] = 0
   end
 end
+count_stored(KEYS[3], ARGV[4], bytes, ARGV[5])
 if live then
   finish(job, ids, ARGV[3], ARGV[1])
 end

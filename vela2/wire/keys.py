@@ -179,8 +179,22 @@ def priority_lists(queue: str) -> list[str]:
 # Fair share (vela2.wire.taking): a tenant's messages wait on a list of their own beside the queue's,
 # named with kombu's priority separator so that a taken item's list still names its queue; the
 # tenants with messages waiting are the members of the queue's ring, scored by the service they had.
+STORED_PREFIX = "vela2:stored:"  # a hash per tenant: the bytes of its stored results by expiry (vela2.wire.usage)
 TENANT_SHARES_KEY = "vela2:tenant-shares"  # hash tenant -> its weight in the fair share (default 1)
 TENANT_LIST_MARK, RING_MARK, CLOCK_MARK = "t", "ring", "clock"  # after the separator (taking's scripts too)
+
+
+TOKENS_PREFIX = "vela2:tokens:"  # per tenant and unix second: the tokens the workers served it (vela2.wire.usage)
+
+
+def tokens_key(tenant: str | None, second: int) -> str:
+    """The counter of the tokens `tenant`'s requests were served in the unix second `second`."""
+    return f"{TOKENS_PREFIX}{tenant or ''}:{second}"
+
+
+def stored_key(tenant: str | None) -> str:
+    """The hash counting what `tenant`'s stored results hold (keyless producers: tenant "")."""
+    return f"{STORED_PREFIX}{tenant or ''}"
 
 
 def tenant_list(queue: str, tenant: str | None) -> str:

@@ -39,7 +39,8 @@ import redis
 from vela2 import errors
 from vela2.api.schemas import RowResult, Status
 from vela2.wire.jobs import ADMIT_SCRIPT, STORE_JOB_SCRIPT, job_keys, served_label
-from vela2.wire.keys import cancel_key, job_key, result_key, submitted_key
+from vela2.wire.keys import cancel_key, job_key, result_key, stored_key, submitted_key
+from vela2.wire.usage import COUNT_LUA, count_args
 
 log = logging.getLogger(__name__)
 
@@ -49,26 +50,30 @@ DEFAULT_SUBMITTED_TTL_S = DEFAULT_RESULT_EXPIRES_S  # a pending marker: how long
 DEFAULT_EXPIRED_MARKER_S = 86_400  # an "answered" marker outlives its result by this long
 ANSWERED = "answered"  # the submitted marker's value once the result is written
 
-# Write once, many results in one call: SET NX EX each, announce the value on the key's channel, and
-# turn the request's submitted marker (if any) into the "answered" tombstone, only when written.
-# KEYS = result key, marker key, result key, marker key, ...; ARGV = result TTL, marker TTL, then one
-# value per result. Returns 1 / 0 per result.
-# While Redis is full its first SET is refused, and with it the whole call (Redis checks memory
-# at a script's first write only): nothing is half written. (No shebang flags: fakeredis runs it too.)
-STORE_MANY_SCRIPT = """
-local out = {}
-for i = 1, #KEYS / 2 do
-  local rk, mk, v = KEYS[2 * i - 1], KEYS[2 * i], ARGV[i + 2]
+# Write once, many results of one tenant in one call: SET NX EX each, announce the value on the key's
+# channel, turn the request's submitted marker (if any) into the "answered" tombstone, and count the
+# bytes written on the tenant (vela2.wire.usage), only when written.
+# KEYS = the tenant's stored-bytes hash, then result key, marker key per result; ARGV = result TTL,
+# marker TTL, bucket, the hash's TTL (usage.count_args), then one value per result. Returns 1 / 0 per
+# result. While Redis is full its first SET is refused, and with it the whole call (Redis checks
+# memory at a script's first write only): nothing is half written. (No shebang flags: fakeredis runs
+# it too.)
+STORE_MANY_SCRIPT = COUNT_LUA + """
+local out, bytes = {}, 0
+for i = 1, (#KEYS - 1) / 2 do
+  local rk, mk, v = KEYS[2 * i], KEYS[2 * i + 1], ARGV[i + 4]
   if redis.call('SET', rk, v, 'NX', 'EX', ARGV[1]) then
     redis.call('PUBLISH', rk, v)
     if redis.call('EXISTS', mk) == 1 then
       redis.call('SET', mk, 'answered', 'EX', ARGV[2])
     end
+    bytes = bytes + #rk + #v
     out[i] = 1
   else
     out[i] = 0
   end
 end
+count_stored(KEYS[1], ARGV[3], bytes, ARGV[4])
 return out
 """
 
@@ -225,19 +230,20 @@ class ResultStore:
         return [int(code) for reply in pipe.execute() for code in reply]
 
     def store(self, items: list[tuple[str, dict[str, Any]]], jobs: list[str | None] | None = None,
-              now: float | None = None) -> list[bool | Exception]:
+              now: float | None = None, tenants: list[str | None] | None = None) -> list[bool | Exception]:
         """Write (id, meta) pairs, write-once. Per item: True where this call wrote the value, False
         where a result was already there (left unchanged), or the exception that item alone met (an
         id that cannot be a key, a value Redis refuses): the other items are written all the same.
         `jobs`: per item, the (scoped) job it belongs to, or None: a written result of a job is
         counted on it by its status in the same script call (vela2.wire.jobs; `now` stamps a job
-        that this ends). One pipelined round trip (a script call per 512 results of one job); should
-        Redis refuse such a call for what one value is (too large), its items are written one by
-        one in a pipeline, each meeting only its own error. Raises only when a round trip itself
-        fails (Redis away)."""
+        that this ends). `tenants`: per item, the tenant whose stored bytes it counts on (None or
+        absent: keyless producers', tenant ""; vela2.wire.usage). One pipelined round trip (a script
+        call per 512 results of one job and tenant); should Redis refuse such a call for what one
+        value is (too large), its items are written one by one in a pipeline, each meeting only its
+        own error. Raises only when a round trip itself fails (Redis away)."""
         out: list[bool | Exception] = [False] * len(items)
-        ttls = [int(self.ttl_s), int(self.ttl_s) + int(self.expired_marker_s)]
-        groups: dict[str | None, list[_Ready]] = {}
+        ttls = [int(self.ttl_s), int(self.ttl_s) + int(self.expired_marker_s), *count_args(self.ttl_s)]
+        groups: dict[_Group, list[_Ready]] = {}
         for i, (rid, meta) in enumerate(items):
             try:
                 keys = [result_key(rid).encode("utf-8"), submitted_key(rid).encode("utf-8")]
@@ -249,20 +255,21 @@ class ResultStore:
             if jobs and jobs[i] and status == "ok" and isinstance(row, dict):  # which model answered (vela2.wire.jobs)
                 who = served_label(row.get("served_by"))
                 status = f"{status}\t{who}" if who else status
-            groups.setdefault(jobs[i] if jobs else None, []).append((i, keys, encode_meta(meta), status))
+            group = (jobs[i] if jobs else None, (tenants[i] if tenants else None) or "")
+            groups.setdefault(group, []).append((i, keys, encode_meta(meta), status))
         stamp = str(datetime.now(UTC).timestamp() if now is None else now)
-        parts = [(job, g[k : k + _MANY_MAX]) for job, g in groups.items() for k in range(0, len(g), _MANY_MAX)]
+        parts = [(group, g[k : k + _MANY_MAX]) for group, g in groups.items() for k in range(0, len(g), _MANY_MAX)]
         if not parts:
             return out
         pipe = self.redis.pipeline(transaction=False)
-        for job, part in parts:
-            self._call(job, part, ttls, stamp, pipe)
-        for (job, part), reply in zip(parts, pipe.execute(raise_on_error=False), strict=True):
+        for group, part in parts:
+            self._call(group, part, ttls, stamp, pipe)
+        for (group, part), reply in zip(parts, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(reply, REFUSED_ERRORS):  # refused whole: every item waits
                 for i, _, _, _ in part:
                     out[i] = reply
             elif isinstance(reply, redis.exceptions.ResponseError):  # one value refused: find which
-                self._store_each(job, part, ttls, stamp, out)
+                self._store_each(group, part, ttls, stamp, out)
             elif isinstance(reply, Exception):
                 raise reply
             else:
@@ -270,24 +277,28 @@ class ResultStore:
                     out[i] = bool(flag)
         return out
 
-    def _call(self, job: str | None, part: list[_Ready], ttls: list[int], stamp: str, client: Any) -> Any:
-        """One store script call for `part` (all of one job, or of none) on `client` (a pipeline)."""
+    def _call(self, group: _Group, part: list[_Ready], ttls: list[int], stamp: str, client: Any) -> Any:
+        """One store script call for `part` (all of one job, or of none, and of one tenant) on
+        `client` (a pipeline). `ttls`: result TTL, marker TTL, then usage.count_args."""
+        job, tenant = group
         if job is None:
-            return self._store_many(keys=[key for _, ks, _, _ in part for key in ks],
+            return self._store_many(keys=[stored_key(tenant), *(key for _, ks, _, _ in part for key in ks)],
                                     args=[*ttls, *(v for _, _, v, _ in part)], client=client)
-        return self._store_job(keys=[*job_keys(job), *(key for _, ks, _, _ in part for key in ks)],
-                               args=[*ttls, stamp, *(x for _, _, v, st in part for x in (st, v))], client=client)
+        return self._store_job(keys=[*job_keys(job), stored_key(tenant), *(key for _, ks, _, _ in part for key in ks)],
+                               args=[*ttls[:2], stamp, *ttls[2:], *(x for _, _, v, st in part for x in (st, v))],
+                               client=client)
 
-    def _store_each(self, job: str | None, part: list[_Ready], ttls: list[int], stamp: str,
+    def _store_each(self, group: _Group, part: list[_Ready], ttls: list[int], stamp: str,
                     out: list[bool | Exception]) -> None:
         pipe = self.redis.pipeline(transaction=False)
         for item in part:
-            self._call(job, [item], ttls, stamp, pipe)
+            self._call(group, [item], ttls, stamp, pipe)
         for (i, _, _, _), reply in zip(part, pipe.execute(raise_on_error=False), strict=True):
             out[i] = reply if isinstance(reply, Exception) else bool(reply[0])
 
 
 _Ready = tuple[int, list[bytes], bytes, str]  # (item index, [result key, marker key], value, status)
+_Group = tuple[str | None, str]  # (job or None, tenant: "" for keyless producers)
 
 
 # --- reading ---------------------------------------------------------------------------------

@@ -247,6 +247,7 @@ class Engine:
         c0 = time.thread_time()
         self.outbox.flush()
         self.outbox.send_acks()
+        self.outbox.report_tokens()
         self.cpu_work.flush()
         self.stats.charge("store_ack", time.thread_time() - c0)
         self.metrics.buffered.set(len(self.outbox.messages))

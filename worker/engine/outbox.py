@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from vela2.api.schemas import RowResult, Status, error_result
 from vela2.errors import StorageError
-from vela2.wire import keys
+from vela2.wire import keys, usage
 from vela2.wire.results import ResultStore, chunk_meta, dead_letter_entry, row_meta
 from worker.engine.attempts import Attempts
 from worker.engine.stats import EngineStats
@@ -62,6 +63,8 @@ class Outbox:
         self._ack_after = 0.0  # acks wait until then (wait_replicas: the replicas did not have the results)
         self._unreplicated_since: float | None = None  # when WAIT last started coming back short
         self._wait_probe = keys.wait_probe_key(uuid.uuid4().hex)
+        self.tokens: Counter[str] = Counter()  # tenant ("" keyless) -> tokens run, not reported yet
+        self._tokens_after = 0.0
 
     def hold(self, delivery: Delivery, mid: str) -> Message:
         """Start holding a delivery (its visibility lease renewed until it is acked)."""
@@ -77,7 +80,31 @@ class Outbox:
             return max(0.0, min(idle_s, self._ack_after - now))
         if self._to_store:
             return max(0.0, min(idle_s, self._store_after - now))
+        if self.tokens:
+            return max(0.0, min(idle_s, self._tokens_after - now))
         return None
+
+    # --- tokens served --------------------------------------------------------------------------
+
+    def served(self, tenant: str | None, tokens: int) -> None:
+        """Count `tokens` run for `tenant` (None: keyless producers), for the next report."""
+        self.tokens[tenant or ""] += tokens
+
+    def report_tokens(self) -> None:
+        """Add the tokens run since the last report to the tenants' counters of this second (the
+        route's tokens_per_s quota reads them: vela2.wire.usage), at most once a TOKENS_REPORT_S,
+        in one round trip. Redis refusing or away: kept for the next report (answers never wait
+        for this)."""
+        now = self.clock()
+        if not self.tokens or now < self._tokens_after:
+            return
+        self._tokens_after = now + usage.TOKENS_REPORT_S
+        try:
+            usage.report_tokens(self.store.redis, dict(self.tokens))
+        except Exception as e:  # noqa: BLE001 - metering never holds answers up
+            log.warning("could not report the tenants' tokens (%s): kept for the next report", e)
+            return
+        self.tokens.clear()
 
     # --- answers --------------------------------------------------------------------------------
 
@@ -149,7 +176,8 @@ class Outbox:
         dead, self._to_dead = self._to_dead, []
         try:
             outcomes = (self.store.store([(rid, meta) for _, rid, meta, _ in items],
-                                         jobs=[job_of(msg, rid) for msg, rid, _, _ in items]) if items else [])
+                                         jobs=[job_of(msg, rid) for msg, rid, _, _ in items],
+                                         tenants=[msg.tenant for msg, _, _, _ in items]) if items else [])
             if dead:
                 self.store.redis.lpush(self.dead_key, *[entry for _, _, entry in dead])
         except Exception as e:

@@ -272,6 +272,8 @@ class Scheduler:
         """Hand a batch's outputs to their requests."""
         self.stats.batches += 1
         self.metrics.observe_batch([it.tokens for it in items], ok=True)
+        for it in items:  # the tokens each tenant was served (its tokens_per_s quota: vela2.wire.usage)
+            self.outbox.served(it.req.msg.tenant, it.tokens)
         for it, out in zip(items, outs, strict=True):
             if it.req.closed:  # failed meanwhile (another of its windows failed alone)
                 continue

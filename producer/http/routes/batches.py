@@ -33,7 +33,7 @@ from producer.http.body import receive_body
 from producer.http.deps import Shared, Tenant
 from producer.http.models import Batch, ErrorAnswer, NotFound
 from producer.http.responses import error
-from producer.quotas import reserve_job
+from producer.quotas import reserve_job, upload_lines
 from vela2.api.schemas import ErrorInfo
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest
@@ -82,7 +82,11 @@ router = APIRouter()
                                                    "the job failed)"},
         413: {"model": ErrorAnswer, "description": "body over --max-batch-bytes"},
         429: {"model": ErrorAnswer, "description": "the tenant has --uploads-per-tenant uploads in progress "
-                                                   "(too_many_uploads), or every Redis connection stayed busy (busy)"},
+                                                   "(too_many_uploads), its live_jobs or job_lines quota "
+                                                   "(quota_exceeded: the quota, its limit and the usage; nothing "
+                                                   "was created), or every Redis connection stayed busy (busy)"},
+        507: {"model": ErrorAnswer, "description": "Redis refuses writes for memory (store_full), or the tenant's "
+                                                   "stored results hold its stored_bytes quota (quota_exceeded)"},
         422: {"model": ErrorAnswer, "description": "no body, or window_s / metadata out of bounds"},
         **{k: v for k, v in JOB_RESPONSES.items() if k not in (404, 429)},
     },
@@ -121,9 +125,12 @@ async def create_batch(
 
     s = state.settings
     job_id = new_job_id()
-    # the tenant's live jobs, counted (this one reserved) before anything is written (429 quota_exceeded)
-    await reserve_job(state.client(tenant).redis, tenant or "", getattr(request.state, "quotas", None),
-                      job_key(scoped_id(tenant, job_id)))
+    # the tenant's stored bytes checked, its live jobs and their lines counted (this one reserved),
+    # before anything is written (quota_exceeded)
+    quotas = getattr(request.state, "quotas", None)
+    redis = state.client(tenant).redis
+    await state.usage.check(redis, tenant or "", quotas)
+    await reserve_job(redis, tenant or "", quotas, job_key(scoped_id(tenant, job_id)), upload_lines(body))
     state.uploading[tenant] = running + 1
     try:
         created = await asyncio.get_running_loop().run_in_executor(

@@ -100,6 +100,9 @@ def read_system_one(body: bytes, model: str) -> tuple[Any, JSONResponse | None]:
         429: {"model": ErrorAnswer, "description": "the tenant's requests_per_s or queued quota (quota_exceeded: the "
                                                    "quota, its limit and the usage; Retry-After), or every Redis "
                                                    "connection stayed busy (busy; Retry-After)"},
+        507: {"model": ErrorAnswer, "description": "Redis refuses writes for memory (store_full), or the tenant's "
+                                                   "stored results hold its stored_bytes quota (quota_exceeded; "
+                                                   "Retry-After): nothing was queued"},
         410: {
             "model": ErrorAnswer,
             "description": "answered, and expired from the result store within wait_s (result_expired; "
@@ -124,8 +127,9 @@ async def post_system_one(request: Request, tenant: Tenant, state: Shared) -> JS
     obj, refused = await asyncio.to_thread(read_system_one, body, settings.model)
     if refused is not None:
         return refused
-    # the tenant's request rate, counted before anything is written (429 quota_exceeded)
+    # the tenant's stored bytes, tokens and request rate, checked before anything is written (quota_exceeded)
     quotas = getattr(request.state, "quotas", None)
+    await state.usage.check(state.client(tenant).redis, tenant or "", quotas)
     await take_rate(state.client(tenant).redis, tenant or "", quotas)
     try:
         # queued unless its id is answered already (then the answer below comes at once), and

@@ -75,7 +75,8 @@ def test_quotas_in_the_keys_file_are_read_and_checked():
     for quotas, message in [('{"requests_per_s": 0}', "quotas.requests_per_s must be a positive integer; got 0"),
                             ('{"requests_per_s": 1.5}', "must be a positive integer; got 1.5"),
                             ('{"tokens": 5}',
-                             "unknown quotas ['tokens']; known: ['live_jobs', 'queued', 'requests_per_s']"),
+                             "unknown quotas ['tokens']; known: ['job_lines', 'live_jobs', 'queued', 'requests_per_s', "
+                             "'stored_bytes', 'tokens_per_s']"),
                             ('[5]', "quotas must be an object")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             KeyRing.parse(f'{{"tenant": "acme", "sha256": "{digest}", "quotas": {quotas}}}', "k")

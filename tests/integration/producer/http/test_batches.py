@@ -23,10 +23,10 @@ def jsonl(objs: list) -> bytes:
     return "".join((o if isinstance(o, str) else json.dumps(o)) + "\n" for o in objs).encode()
 
 
-def wait_ended(http: httpx.Client, job: str, timeout_s: float = 30.0) -> dict:
+def wait_ended(http: httpx.Client, job: str, timeout_s: float = 30.0, headers: dict | None = None) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        got = http.get(f"/v1/batches/{job}").json()
+        got = http.get(f"/v1/batches/{job}", headers=headers).json()
         if got["status"] in ("completed", "cancelled", "expired", "failed"):
             return got
         assert time.monotonic() < deadline, got
@@ -238,3 +238,38 @@ def test_a_tenants_live_jobs_quota_refuses_it_alone(redis_url, http_server, fake
             time.sleep(0.02)
         third = http.post("/v1/batches", content=jsonl([row(8)]), headers=acme)
         assert third.status_code == 201, third.text
+
+
+def test_a_tenants_job_lines_quota_counts_live_jobs_lines_and_gives_them_back(redis_url, http_server, fake_worker,
+                                                                               tmp_path):
+    """acme may have 5 lines in live jobs (quotas.job_lines): a 3-line job is accepted, a 3-line one
+    while it runs is 429 quota_exceeded and creates no job, a 2-line one fits; once they ended, a
+    5-line one is accepted and a 6-line one never is."""
+    import redis as redis_lib
+
+    from producer.quotas import Quotas
+    from tests.support.tenants import tenant_keys
+    from vela2.wire.keys import jobs_key
+
+    worker = fake_worker()
+    worker.pause()
+    path = tmp_path / "keys.jsonl"
+    acme = tenant_keys(path, {"acme": Quotas(job_lines=5)})["acme"]
+    base = http_server(redis_url, "--api-keys-file", str(path))
+    r = redis_lib.Redis.from_url(redis_url)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        first = http.post("/v1/batches", content=jsonl([row(i) for i in range(3)]), headers=acme)
+        assert first.status_code == 201, first.text
+        refused = http.post("/v1/batches", content=jsonl([row(i) for i in range(3, 6)]), headers=acme)
+        assert refused.status_code == 429, refused.text
+        assert "quota job_lines of this tenant is 5; this would make it 6" in refused.json()["error"]["message"]
+        assert r.zcard(jobs_key(MODEL)) == 1  # no job was made for it
+        second = http.post("/v1/batches", content=jsonl([row(6), row(7)]), headers=acme)
+        assert second.status_code == 201, second.text
+        worker.resume()
+        for job in (first.json()["id"], second.json()["id"]):
+            assert wait_ended(http, job, headers=acme)["status"] == "completed"
+        assert http.post("/v1/batches", content=jsonl([row(i) for i in range(10, 15)]), headers=acme).status_code == 201
+        too_big = http.post("/v1/batches", content=jsonl([row(i) for i in range(20, 26)]), headers=acme)
+        assert too_big.status_code == 429 and "this would make it 6" in too_big.json()["error"]["message"]
+    r.close()

@@ -233,11 +233,11 @@ def test_a_drain_a_redis_restart_interrupted_loses_nothing(vela2_client, vela2_r
     worker = FakeWorker(vela2_redis.client())
     real, calls = worker.store.store, []
 
-    def flaky(items, jobs=None):
+    def flaky(items, **kw):
         calls.append(items)
         if len(calls) == 1:
             raise redis_lib.exceptions.ConnectionError("Redis restarting")
-        return real(items, jobs=jobs)
+        return real(items, **kw)
 
     worker.store.store = flaky
     first, second = vela2_client.submit_many([{**ROW, "id": "r-1"}, {**ROW, "id": "r-2"}])
@@ -254,7 +254,7 @@ def test_a_drain_a_redis_restart_interrupted_loses_nothing(vela2_client, vela2_r
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_thread_that_died_is_said_at_once_not_waited_on(vela2_client, vela2_fake_worker):
-    def broken_store(items, jobs=None):
+    def broken_store(items, **kw):
         raise ValueError("a bug in the fake")
 
     vela2_fake_worker.store.store = broken_store

@@ -312,11 +312,11 @@ def test_a_failing_store_delays_the_ack(redis):
     real_store = engine.store.store
     calls = {"n": 0}
 
-    def flaky(items, jobs=None):
+    def flaky(items, **kw):
         calls["n"] += 1
         if calls["n"] == 1:
             raise ConnectionError("redis away")
-        return real_store(items, jobs)
+        return real_store(items, **kw)
 
     engine.store.store = flaky  # type: ignore[method-assign]
     engine.submit(broker.delivery([row("x")]))
@@ -455,7 +455,7 @@ def test_a_result_redis_will_not_take_becomes_a_storage_error_and_full_redis_is_
     real_store = engine.store.store
     calls = {"full": 2}
 
-    def picky(items, jobs=None):
+    def picky(items, **kw):
         if calls["full"]:  # Redis full for two tries: everything waits, nothing is lost
             calls["full"] -= 1
             return [redis_lib.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
@@ -798,3 +798,31 @@ def test_a_job_chunk_refused_whole_counts_its_rows_errors_and_the_job_ends(redis
     # the rows are counted, the chunk's own id (no line of the job) is not
     assert info.status == "completed" and info.counts == {"queued": 0, "ok": 1, "error": 2, "expired": 0,
                                                           "cancelled": 0}
+
+
+def test_each_tenants_served_tokens_and_stored_bytes_are_counted(redis):
+    """The tokens run for each tenant reach its per-second counters (the tokens_per_s quota) and the
+    bytes of its stored results its stored-bytes hash (the stored_bytes quota); keyless producers
+    count as tenant ""."""
+    from vela2.wire import keys, usage
+
+    engine, pipe, broker = make_engine(redis, start=False)
+    sent = {"acme": [f"acme/a{i}" for i in range(3)], "": ["k0", "k1"]}
+    for rid in sent["acme"]:
+        engine.submit(broker.delivery([row(rid, words=8)], headers={keys.TENANT_HEADER: "acme"}))
+    for rid in sent[""]:
+        engine.submit(broker.delivery([row(rid, words=60)]))  # two windows each: 60 and 20 tokens
+    engine.start()
+    broker.wait(5)
+    deadline = time.monotonic() + 10
+    served: dict[str, int] = {}
+    while served != {"acme": 3 * 18, "": 2 * (60 + 20)}:  # a window's tokens: its words + 10 (FakePipeline)
+        assert time.monotonic() < deadline, f"tokens reported: {served}"
+        time.sleep(0.01)
+        served = {t: sum(int(redis.get(k)) for k in redis.scan_iter(f"{keys.TOKENS_PREFIX}{t}:*"))
+                  for t in sent}
+    engine.stop(5)
+    for tenant, ids in sent.items():
+        held = sum(len(result_key(i)) + len(redis.get(result_key(i))) for i in ids)
+        assert usage.stored_bytes(redis, tenant) == held
+        assert usage.stored_bytes(redis, tenant, now=time.time() + 600 + 2 * usage.MIN_BUCKET_S) == 0  # expired

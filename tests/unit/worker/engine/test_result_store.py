@@ -181,7 +181,7 @@ def test_many_results_go_in_one_call_and_one_refused_value_is_found_item_by_item
     real = store._store_many
 
     def refuses_big(keys, args, client):
-        if any(len(v) > 4000 for v in args[2:]):  # as Redis refuses a value over proto-max-bulk-len
+        if any(len(str(v)) > 4000 for v in args[4:]):  # as Redis refuses a value over proto-max-bulk-len
             return client.eval("return redis.error_reply('string exceeds maximum allowed size')", 0)
         return real(keys=keys, args=args, client=client)
 
