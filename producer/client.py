@@ -61,7 +61,7 @@ from producer.submitting import (
     store_full,
     unanswered,
 )
-from producer.waiting import check_timeout, wait_many, wait_one
+from producer.waiting import Subscriptions, check_timeout, wait_many, wait_one
 from vela2.api.schemas import RowResult
 from vela2.wire import tracing
 from vela2.wire.connections import redis_client
@@ -133,6 +133,7 @@ class Client:
         # answer cannot be told from one not written yet, and waits on it last their whole timeout.
         self.track_submitted = track_submitted
         self.submitted_ttl_s = check_ttl(submitted_ttl_s)
+        self._subscriptions = Subscriptions(self.redis)  # result waits: one pub/sub connection per thread
         tracing.configure("vela2-producer")  # only when OTEL_* variables ask for traces (vela2.wire.tracing)
 
     def __enter__(self) -> Client:
@@ -262,13 +263,13 @@ class Client:
         """Wait for one RowResult (pub/sub on its key, so no polling); TimeoutError after timeout_s;
         ResultExpired when its answer has expired from the result store (at once, whatever timeout_s)."""
         wire = self.scope.wire(request_id)
-        return self.scope.back(wait_one(self.redis, wire, timeout_s, parse_meta), wire)
+        return self.scope.back(wait_one(self.redis, wire, timeout_s, parse_meta, self._subscriptions), wire)
 
     def answer(self, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:
         """Wait for one product answer: a SystemOne request's answer, else the RowResult dict.
         TimeoutError / ResultExpired as `result`."""
         wire = self.scope.wire(request_id)
-        return self.scope.back(wait_one(self.redis, wire, timeout_s, parse_answer), wire)
+        return self.scope.back(wait_one(self.redis, wire, timeout_s, parse_answer, self._subscriptions), wire)
 
     def results_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, RowResult | None]:
         """Wait for many results, one MGET (result + marker keys) per poll over the ids still
@@ -292,7 +293,8 @@ class Client:
         return bool(self.redis.ping())
 
     def close(self) -> None:
-        """Release the connection pools."""
+        """Release the connection pools (the result waits' pub/sub connections first)."""
+        self._subscriptions.close()
         self.redis.close()
         if self.broker is not self.redis:
             self.broker.close()

@@ -1,5 +1,6 @@
 """How the synchronous client waits for answers: one id on its result key's pub/sub channel (no
-polling), many ids with ONE MGET per poll over the result and marker keys of those still missing
+polling; over one pub/sub connection per client and thread, kept between waits: `Subscriptions`),
+many ids with ONE MGET per poll over the result and marker keys of those still missing
 (MGET is atomic, so the worker's result-and-marker write is never seen half done). An id whose
 answer came and expired (its marker says "answered", its result is gone) ends the wait at once:
 ResultExpired for one id, a stand-in result for many. No celery, no torch.
@@ -8,12 +9,16 @@ ResultExpired for one id, a stand-in result for many. No celery, no torch.
 from __future__ import annotations
 
 import math
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+import redis as redis_lib
+
 from producer.answers import result_expired_error
-from vela2.errors import InvalidRequest
+from vela2.errors import InvalidRequest, Vela2Error
 from vela2.wire.keys import result_key
 from vela2.wire.results import split_state, state_keys, state_of
 
@@ -40,12 +45,51 @@ def read_one(redis: Any, request_id: str, parse: Callable[[Any], Any]) -> Any:
     return parse(raw)
 
 
-def wait_one(redis: Any, request_id: str, timeout_s: float | None, parse: Callable[[Any], Any]) -> Any:
-    """Wait on the result key's pub/sub channel (no polling); TimeoutError after timeout_s,
-    ResultExpired as soon as the marker says the answer came and expired."""
+class Subscriptions:
+    """The result channels' pub/sub connections of one synchronous client: one per thread that
+    waits, kept open between its waits (a connection per wait cost Redis a connect, HELLO and two
+    CLIENT SETINFO each time), closed with the client. A thread's connection is subscribed only
+    while it waits, to the one key it waits on."""
+
+    def __init__(self, redis: Any):
+        self.redis = redis
+        self._local = threading.local()
+        self._open: weakref.WeakSet[Any] = weakref.WeakSet()  # every thread's, for close (a dead thread's goes)
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """This thread's pub/sub (made on its first wait)."""
+        pubsub = getattr(self._local, "pubsub", None)
+        if pubsub is None:
+            pubsub = self._local.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            with self._lock:
+                self._open.add(pubsub)
+        return pubsub
+
+    def drop(self) -> None:
+        """Close this thread's pub/sub (after an error left it in an unknown state): the next wait makes anew."""
+        pubsub, self._local.pubsub = getattr(self._local, "pubsub", None), None
+        if pubsub is not None:
+            pubsub.close()
+
+    def close(self) -> None:
+        """Close every thread's pub/sub."""
+        with self._lock:
+            opened, self._open = list(self._open), weakref.WeakSet()
+        for pubsub in opened:
+            pubsub.close()
+
+
+def wait_one(redis: Any, request_id: str, timeout_s: float | None, parse: Callable[[Any], Any],
+             subs: Subscriptions | None = None) -> Any:
+    """Wait on the result key's pub/sub channel (no polling) of `subs` (None: a connection of this
+    wait's own); TimeoutError after timeout_s, ResultExpired as soon as the marker says the answer
+    came and expired."""
     timeout_s = check_timeout(timeout_s)
     key = result_key(request_id)
-    pubsub = redis.pubsub(ignore_subscribe_messages=True)
+    channels = (key, key.encode("utf-8", "surrogatepass"))  # as a decoding client or a plain one tells it
+    pubsub = redis.pubsub(ignore_subscribe_messages=True) if subs is None else subs.get()
+    clean = False
     try:
         pubsub.subscribe(key)  # subscribe first, then read: a result written in between is not missed
         found = read_one(redis, request_id, parse)
@@ -55,13 +99,25 @@ def wait_one(redis: Any, request_id: str, timeout_s: float | None, parse: Callab
             if left <= 0:
                 raise TimeoutError(f"no result for {request_id!r} after {timeout_s} s")
             msg = pubsub.get_message(timeout=min(left, 1.0))
-            if msg is not None and msg.get("type") == "message":
-                found = parse(msg["data"])
+            if msg is not None and msg.get("type") == "message" and msg.get("channel") in channels:
+                found = parse(msg["data"])  # (a publish on a key this connection waited on before: skipped)
             elif msg is None:
                 found = read_one(redis, request_id, parse)  # a reconnect may drop a publish
+        clean = True
         return found
+    except (TimeoutError, Vela2Error):
+        clean = True  # the connection is sound: only the wait ended
+        raise
     finally:
-        pubsub.close()
+        if subs is None:
+            pubsub.close()
+        elif clean:
+            try:
+                pubsub.unsubscribe(key)
+            except redis_lib.exceptions.RedisError:
+                subs.drop()
+        else:
+            subs.drop()
 
 
 def wait_many(redis: Any, ids: list[str], timeout_s: float | None, parse: Callable[[Any], Any],
