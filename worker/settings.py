@@ -91,6 +91,10 @@ class WorkerSettings:
                                       "next ones while the device runs")
     result_expires_s: int = setting(DEFAULT_RESULT_EXPIRES_S, "TTL of stored results")
     shutdown_timeout_s: float = setting(60.0, "warm shutdown: finish what is held within this, return the rest")
+    idle_wait_s: float = setting(1.0, "an idle worker waits on its model's doorbell (rung by every push of our "
+                                      "producers: those are taken at once) at most this long, then looks at every "
+                                      "queue list: the longest a message pushed without it (plain Celery "
+                                      "send_task, kombu's priority sub-lists) waits on an idle worker; 0.01-10")
     metrics_port: int = setting(0, "serve Prometheus metrics on this port; 0: off")
     metrics_host: str = setting("127.0.0.1", "interface the metrics are served on (0.0.0.0: every interface, "
                                              "e.g. inside a container scraped over its network)")
@@ -215,6 +219,8 @@ class WorkerSettings:
             raise ConfigError(f"device_process must be -1 (auto), 0 or 1; got {self.device_process}")
         if self.switch_interval_ms <= 0:
             raise ConfigError(f"switch_interval_ms must be > 0; got {self.switch_interval_ms}")
+        if not 0.01 <= self.idle_wait_s <= 10:  # NaN fails this too
+            raise ConfigError(f"idle_wait_s must be from 0.01 to 10; got {self.idle_wait_s}")
         if self.visibility_timeout_s <= 0:
             raise ConfigError(f"visibility_timeout_s must be > 0; got {self.visibility_timeout_s}")
 
@@ -226,6 +232,7 @@ class WorkerSettings:
             "queue_order_strategy": "priority",
             "unacked_restore_interval": max(1, min(10, int(self.visibility_timeout_s // 10))),
             "unacked_restore_throttle": 1,
+            "idle_wait_s": self.idle_wait_s,  # worker.transport.redis.IDLE_WAIT_OPTION
         }
 
 

@@ -8,8 +8,10 @@ is lost when Redis refuses writes (full under noeviction) or goes away mid-deliv
   LEFT` on the model's doorbell (a no-op move that only waits for a token: every push of our
   producers leaves one, online or backfill, any tenant) and takes again when it returns, so an
   arrival is taken at once. A message pushed without the bell (plain Celery `send_task`, kombu's
-  priority sub-lists) is taken within OTHER_LISTS_WAIT_S (50 ms: an idle worker takes 20 times a
-  second; Redis serves such an empty take in microseconds). A message is never
+  priority sub-lists) is taken by an idle worker within the wait (kombu's `brpop_timeout`: the
+  worker's idle_wait_s, 1 s), as kombu's own BRPOP would: an idle worker sends Redis one wait and
+  one empty take a second (before issue 42: twenty of each). A busy worker takes from every list
+  each time it takes. A message is never
   in neither the queue nor `unacked`: not when the worker dies, and not when Redis exits between
   a pop and its reply (which lost BRPOP's messages). While Redis is full (noeviction) a take still
   moves items into `unacked` whole (see vela2.wire.taking); results and acks then wait, logging
@@ -47,10 +49,9 @@ log = logging.getLogger(__name__)
 _BINDING_REFUSED: tuple[type[Exception], ...] = (*REFUSED_ERRORS, redis.exceptions.ExecAbortError)
 TAKE_MAX = 64  # items one take may return (fewer when the QoS credit is lower)
 _REFUSED_PAUSE_S = 0.5  # after Redis refused a take (full), the next one waits this long
-# Longest wait on the first list before the next take looks at the others too: a bulk job's first
-# messages on the backfill queue waited up to kombu's brpop_timeout (1 s) for an idle worker.
-OTHER_LISTS_WAIT_S = 0.05
 
+
+IDLE_WAIT_OPTION = "idle_wait_s"  # the transport option of an idle worker's wait (WorkerSettings.idle_wait_s)
 
 # How many more messages the engine wants now (None: as many as the credit allows; Engine.take_room,
 # set at start by set_take_room). At 0 or less the channel takes nothing and waits ROOM_WAIT_S.
@@ -122,6 +123,12 @@ class TolerantChannel(kombu_redis.Channel):
     _wait_next = False  # the last take found nothing: wait on the first list before the next
     _refused_until = 0.0  # monotonic time before which no take is sent (Redis refused the last)
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # an idle worker's wait on the doorbell (kombu's BRPOP timeout, which its health check of a
+        # blocked connection also reads): the worker's idle_wait_s, from the transport options
+        self.brpop_timeout = float(self.connection.client.transport_options.get(IDLE_WAIT_OPTION, self.brpop_timeout))
+
     def _take_lists(self, queues: list[str]) -> list[str]:
         # kombu's BRPOP order: every queue's priority-0 list first, then priority 3, 6, 9
         return [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
@@ -137,7 +144,8 @@ class TolerantChannel(kombu_redis.Channel):
             return  # the poller calls again on its next turn
         if self._wait_next:
             bell = keys.bell_key(queues[0])
-            wait = min(timeout or self.brpop_timeout or 1, OTHER_LISTS_WAIT_S)
+            wait = self.brpop_timeout or 1  # the worker's idle_wait_s
+            wait = wait if timeout is None else min(wait, timeout) or wait
             args: tuple[Any, ...] = ("BLMOVE", bell, bell, "LEFT", "LEFT", wait)
         else:
             credit = self.qos.can_consume_max_estimate()

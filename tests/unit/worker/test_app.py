@@ -42,6 +42,10 @@ def test_settings_come_from_the_environment_then_overrides(demo_dir):
         WorkerSettings(engine=EngineSettings(precision="fp16")).validate()
     with pytest.raises(ConfigError, match="unknown worker settings"):
         WorkerSettings.from_env({}, max_wait=3)
+    assert WorkerSettings.from_env({ENV["idle_wait_s"]: "0.25"}).transport_options()["idle_wait_s"] == 0.25
+    for bad in (0.0, 11.0, float("nan")):
+        with pytest.raises(ConfigError, match=f"idle_wait_s must be from 0.01 to 10; got {bad}"):
+            WorkerSettings(idle_wait_s=bad).validate()
 
 
 def test_every_setting_has_one_env_name_and_one_flag():

@@ -144,17 +144,16 @@ def test_a_waiting_consumer_takes_what_arrives_and_the_credit_bounds_a_take(r, r
     assert {json.loads(x)["headers"]["id"] for x in r.lrange(Q, 0, -1)} == {f"c-{i}" for i in range(6)}
 
 
-def test_an_idle_consumer_waits_on_the_doorbell_at_most_other_lists_wait(r, redis_url, monkeypatch):
-    # an idle consumer blocks on the model's doorbell (rung by every push of our producers); a message
-    # pushed without ringing it (a plain LPUSH here) must still be taken within OTHER_LISTS_WAIT_S,
-    # not after kombu's brpop_timeout (1 s)
-    from worker.transport import redis as broker
-
+def test_an_idle_consumer_waits_on_the_doorbell_at_most_its_idle_wait(r, redis_url, monkeypatch):
+    # an idle consumer blocks on the model's doorbell (rung by every push of our producers) at most
+    # the worker's idle_wait_s (its transport option); a message pushed without ringing it (a plain LPUSH
+    # here) is still taken after that wait
     sent: list[tuple] = []
     got: list = []
     queues = [Queue(q, routing_key=q) for q in keys.queues("m")]
-    with _connection(redis_url) as conn, Consumer(conn, queues=queues, accept=None,
-                                                  callbacks=[lambda body, m: (got.append(m), m.ack())]):
+    options = {"queue_order_strategy": "priority", "visibility_timeout": 3600, "idle_wait_s": 0.1}
+    conn = Connection(redis_url, transport="worker.transport.redis:RedisTransport", transport_options=options)
+    with conn, Consumer(conn, queues=queues, accept=None, callbacks=[lambda body, m: (got.append(m), m.ack())]):
         real_send = redis_lib.connection.Connection.send_command
         monkeypatch.setattr(redis_lib.connection.Connection, "send_command",
                             lambda self, *a, **kw: (sent.append(a), real_send(self, *a, **kw))[1])
@@ -166,7 +165,7 @@ def test_an_idle_consumer_waits_on_the_doorbell_at_most_other_lists_wait(r, redi
             except TimeoutError:
                 pass
         waits = [a for a in sent if a[0] == "BLMOVE"]
-        assert all(a[1] == keys.bell_key(Q) and a[-1] == broker.OTHER_LISTS_WAIT_S for a in waits)
+        assert all(a[1] == keys.bell_key(Q) and a[-1] == 0.1 for a in waits), waits
         _publish(r, "late-backfill", keys.backfill_queue("m"))
         while not got:
             assert time.monotonic() < deadline, "the backfill arrival was never taken"
