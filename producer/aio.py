@@ -54,7 +54,7 @@ from producer.submitting import (
 )
 from producer.waiting import check_timeout
 from vela2.api.schemas import RowResult
-from vela2.wire import tracing
+from vela2.wire import scripts, tracing
 from vela2.wire.connections import async_redis_client
 from vela2.wire.keys import RESULT_PREFIX, is_amqp_url, queue_name, result_key, submitted_key
 from vela2.wire.messages import Message, deadline_to_expires
@@ -343,7 +343,7 @@ class AsyncClient:
             return
         pipe = self.broker.pipeline(transaction=False)
         queue_commands(pipe, messages, self.wait_replicas, max_queued)
-        check_pushed(await pipe.execute(), self.wait_replicas, max_queued)
+        check_pushed(await scripts.execute_async(pipe), self.wait_replicas, max_queued)
 
     async def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int,
                       expires: datetime | None, max_queued: int | None = None) -> None:
@@ -353,7 +353,7 @@ class AsyncClient:
         pipe = self.redis.pipeline(transaction=False)
         claim_commands(pipe, items, queue, self.submitted_ttl_s if self.track_submitted else None)
         try:
-            claims = read_claims(items, await pipe.execute())
+            claims = read_claims(items, await scripts.execute_async(pipe))
         except redis.exceptions.RedisError as exc:
             raise (store_full(exc) or exc) from exc
         if claims.conflicts:

@@ -22,10 +22,11 @@ from typing import Any
 import redis.exceptions
 
 from vela2.errors import QuotaExceeded
+from vela2.wire import scripts
 from vela2.wire.connections import redis_client
 from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, is_amqp_url
 from vela2.wire.messages import Message
-from vela2.wire.taking import PUSH_MAX, PUSH_SCRIPT, push_keys
+from vela2.wire.taking import PUSH, PUSH_MAX, push_keys
 
 WAIT_REPLICAS_TIMEOUT_MS = 1000  # a push waiting for replicas (wait_replicas) gives up after this
 PUBLISH_RETRIES = 3  # a publish whose connection broke is retried this often (kombu reconnects), then raises
@@ -109,7 +110,7 @@ def push(broker: Any, messages: list[Message], wait_replicas: int = 0, max_queue
         return
     pipe = broker.pipeline(transaction=False)
     queue_commands(pipe, messages, wait_replicas, max_queued)
-    check_pushed(pipe.execute(), wait_replicas, max_queued)
+    check_pushed(scripts.execute(pipe), wait_replicas, max_queued)
 
 
 def check_wait_replicas(wait_replicas: Any, broker_url: str | None) -> int:
@@ -150,8 +151,8 @@ def queue_commands(pipe: Any, messages: list[Message], wait_replicas: int = 0, m
         payloads = [m.payload for m in group]
         for k in range(0, len(payloads), PUSH_MAX):
             limit = max_queued if max_queued and k == 0 else 0
-            pipe.eval(PUSH_SCRIPT, 3, *push_keys(queue, tenant), tenant or "", limit, len(payloads) - k,
-                      *payloads[k : k + PUSH_MAX])
+            PUSH.queue(pipe, push_keys(queue, tenant), [tenant or "", limit, len(payloads) - k,
+                                                        *payloads[k : k + PUSH_MAX]])
     wait_command(pipe, wait_replicas)
 
 

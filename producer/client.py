@@ -63,7 +63,7 @@ from producer.submitting import (
 )
 from producer.waiting import Subscriptions, check_timeout, wait_many, wait_one
 from vela2.api.schemas import RowResult
-from vela2.wire import tracing
+from vela2.wire import scripts, tracing
 from vela2.wire.connections import redis_client
 from vela2.wire.keys import queue_name, submitted_key
 from vela2.wire.messages import Message, deadline_to_expires
@@ -155,7 +155,7 @@ class Client:
         tracking), in one round trip; see Claims."""
         pipe = self.redis.pipeline(transaction=False)
         claim_commands(pipe, items, queue, self.submitted_ttl_s if self.track_submitted else None)
-        return read_claims(items, pipe.execute())
+        return read_claims(items, scripts.execute(pipe))
 
     def release(self, ids: list[str]) -> None:
         """Take back submitted markers a claim wrote for requests that are not queued after all."""

@@ -34,6 +34,7 @@ from typing import Any
 from vela2.errors import ConfigError, QuotaExceeded
 from vela2.wire import usage
 from vela2.wire.keys import tenant_problem
+from vela2.wire.scripts import Script
 
 QUOTA_PREFIX = "vela2:quota:"  # vela2:quota:<tenant>:rate:<unix second>, vela2:quota:<tenant>:jobs
 RETRY_JOBS_S = 30  # Retry-After of a live_jobs / job_lines refusal: jobs end in minutes, not seconds
@@ -86,6 +87,7 @@ redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], n)
 return {0, 0}
 """
+RATE, JOBS = Script(RATE_SCRIPT), Script(JOBS_SCRIPT)
 RESERVE_GRACE_S = 60  # a reserved job not created within this is not counted (its upload failed first)
 
 
@@ -143,12 +145,12 @@ async def reserve_job(redis: Any, tenant: str, quotas: Quotas | None, job_key: s
         return
     if lines_limit is not None and lines > lines_limit:
         raise QuotaExceeded("job_lines", lines_limit, lines, retry_after_s=RETRY_JOBS_S)
-    which, usage = await redis.eval(JOBS_SCRIPT, 2, jobs_key(tenant), job_lines_key(tenant), job_key, time.time(),
-                                    live_limit or 0, RESERVE_GRACE_S, lines, lines_limit or 0)
+    args = [job_key, time.time(), live_limit or 0, RESERVE_GRACE_S, lines, lines_limit or 0]
+    which, held = await JOBS.run_async(redis, [jobs_key(tenant), job_lines_key(tenant)], args)
     if int(which) == 1:
-        raise QuotaExceeded("live_jobs", live_limit or 0, int(usage), retry_after_s=RETRY_JOBS_S)
+        raise QuotaExceeded("live_jobs", live_limit or 0, int(held), retry_after_s=RETRY_JOBS_S)
     if int(which) == 2:
-        raise QuotaExceeded("job_lines", lines_limit or 0, int(usage), retry_after_s=RETRY_JOBS_S)
+        raise QuotaExceeded("job_lines", lines_limit or 0, int(held), retry_after_s=RETRY_JOBS_S)
 
 
 async def take_rate(redis: Any, tenant: str, quotas: Quotas | None, n: int = 1) -> None:
@@ -159,7 +161,7 @@ async def take_rate(redis: Any, tenant: str, quotas: Quotas | None, n: int = 1) 
         return
     if n > limit:
         raise QuotaExceeded("requests_per_s", limit, n)
-    used = int(await redis.eval(RATE_SCRIPT, 1, rate_key(tenant, int(time.time())), n, limit, WINDOW_TTL_S))
+    used = int(await RATE.run_async(redis, [rate_key(tenant, int(time.time()))], [n, limit, WINDOW_TTL_S]))
     if used:
         raise QuotaExceeded("requests_per_s", limit, used)
 

@@ -20,7 +20,7 @@ from producer.prepare import pack_messages
 from vela2.errors import IdConflict, InvalidRequest, QuotaExceeded, StoreFull
 from vela2.wire.keys import cancel_key, result_key, submitted_key
 from vela2.wire.messages import Message, request_digest
-from vela2.wire.results import CLAIM_ANSWERED, CLAIM_CONFLICT, CLAIM_MARKED, CLAIM_SCRIPT, claim_args
+from vela2.wire.results import CLAIM, CLAIM_ANSWERED, CLAIM_CONFLICT, CLAIM_MARKED, claim_args
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def claim_commands(pipe: Any, items: list[tuple[str, Any]], queue: str, submitte
     check, and the submitted marker when `submitted_ttl_s` is set."""
     for rid, obj in items:
         args = claim_args(request_digest(obj), queue if submitted_ttl_s is not None else None, submitted_ttl_s)
-        pipe.eval(CLAIM_SCRIPT, 2, submitted_key(rid), result_key(rid), *args)
+        CLAIM.queue(pipe, [submitted_key(rid), result_key(rid)], args)
 
 
 def read_claims(items: list[tuple[str, Any]], replies: list[Any]) -> Claims:

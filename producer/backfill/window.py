@@ -27,7 +27,7 @@ from vela2.api.schemas import Status
 from vela2.api.systemone import is_system_one
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, Vela2Error
-from vela2.wire import taking
+from vela2.wire import scripts, taking
 from vela2.wire.keys import HEARTBEAT_S, queue_name, result_key, workers_key
 from vela2.wire.messages import build_message, deadline_to_expires, decode_json
 
@@ -307,11 +307,11 @@ class BackfillRun:
         pipe = self.client.redis.pipeline(transaction=False)
         same = broker is self.client.redis
         if same:
-            pipe.eval(*taking.depth_args([self.queue]))
+            taking.DEPTH.queue(pipe, *taking.depth_call([self.queue]))
         pipe.zcount(workers_key(self.client.model), time.time() - 3 * HEARTBEAT_S, "+inf")
-        *depths, live = pipe.execute()
+        *depths, live = scripts.execute(pipe)
         if not same and hasattr(broker, "llen"):  # another Redis
-            depths = [broker.eval(*taking.depth_args([self.queue]))]
+            depths = [taking.DEPTH(broker, *taking.depth_call([self.queue]))]
         elif not same:
             return -1, int(live)
         return taking.read_depths([self.queue], depths[0])[self.queue][0], int(live)

@@ -26,6 +26,7 @@ from producer.jobs.records import prune_jobs_index
 from producer.prepare import pack_messages
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest, UploadTimeout
+from vela2.wire import scripts
 from vela2.wire.jobs import (
     BEAT_SCRIPT,
     DEFAULT_WINDOW_S,
@@ -131,7 +132,7 @@ class _Submitter:
         pipe.hget(self.keys[0], "cancel_at")
         wait = self.client.wait_replicas if same else 0
         brokers.wait_command(pipe, wait)
-        replies = pipe.execute()
+        replies = scripts.execute(pipe)
         if wait:
             brokers.check_replicated(replies, wait)
             replies = replies[:-1]

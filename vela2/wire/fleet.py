@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from vela2.wire import keys, taking
+from vela2.wire import keys, scripts, taking
 
 STALE_S = 3 * keys.HEARTBEAT_S  # a worker whose last beat is older is not counted live
 
@@ -50,9 +50,9 @@ def other_digests(client: Any, model_name: str, digest: str, worker_id: str | No
 def depths(client: Any, queues: list[str]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """(queue_depths, tenant_depths) in one round trip."""
     pipe = client.pipeline(transaction=False)
-    pipe.eval(*taking.depth_args(queues))
+    taking.DEPTH.queue(pipe, *taking.depth_call(queues))
     pipe.hlen(keys.UNACKED_KEY)
-    reply, unacked = pipe.execute()
+    reply, unacked = scripts.execute(pipe)
     read = taking.read_depths(queues, reply)
     totals = {q: total for q, (total, _) in read.items()}
     totals[keys.UNACKED_KEY] = int(unacked)

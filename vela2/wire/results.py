@@ -38,8 +38,10 @@ import redis
 
 from vela2 import errors
 from vela2.api.schemas import RowResult, Status
+from vela2.wire import scripts
 from vela2.wire.jobs import ADMIT_SCRIPT, STORE_JOB_SCRIPT, job_keys, served_label
 from vela2.wire.keys import cancel_key, job_key, result_key, stored_key, submitted_key
+from vela2.wire.scripts import Script
 from vela2.wire.usage import COUNT_LUA, count_args
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,9 @@ local out = {}
 for i, k in ipairs(KEYS) do out[i] = redis.call('EXISTS', k) end
 return out
 """
+
+STORE_MANY, EXISTS_MANY = Script(STORE_MANY_SCRIPT), Script(EXISTS_MANY_SCRIPT)
+STORE_JOB, ADMIT = Script(STORE_JOB_SCRIPT), Script(ADMIT_SCRIPT)
 
 _MANY_MAX = 512  # results per STORE_MANY / EXISTS_MANY call
 
@@ -200,11 +205,11 @@ class ResultStore:
     ttl_s: int = DEFAULT_RESULT_EXPIRES_S
     expired_marker_s: int = DEFAULT_EXPIRED_MARKER_S
 
-    def __post_init__(self) -> None:
-        self._store_many = self.redis.register_script(STORE_MANY_SCRIPT)
-        self._store_job = self.redis.register_script(STORE_JOB_SCRIPT)
-        self._exists_many = self.redis.register_script(EXISTS_MANY_SCRIPT)
-        self._admit = self.redis.register_script(ADMIT_SCRIPT)
+    def _store_many(self, keys: list[Any], args: list[Any], client: Any) -> None:
+        STORE_MANY.queue(client, keys, args)
+
+    def _store_job(self, keys: list[Any], args: list[Any], client: Any) -> None:
+        STORE_JOB.queue(client, keys, args)
 
     def existing(self, ids: Iterable[str]) -> set[str]:
         """The ids among `ids` that already have a stored result (one call per 512 ids)."""
@@ -212,7 +217,7 @@ class ResultStore:
         found: set[str] = set()
         for k in range(0, len(ids), _MANY_MAX):
             part = ids[k : k + _MANY_MAX]
-            flags = self._exists_many(keys=[result_key(rid) for rid in part])
+            flags = EXISTS_MANY(self.redis, [result_key(rid) for rid in part], [])
             found.update(rid for rid, n in zip(part, flags, strict=True) if n)
         return found
 
@@ -226,8 +231,8 @@ class ResultStore:
             keys: list[str] = []
             for rid, job in part:
                 keys += [result_key(rid), cancel_key(rid)] + ([job_key(job)] if job else [])
-            self._admit(keys=keys, args=["1" if job else "0" for _, job in part], client=pipe)
-        return [int(code) for reply in pipe.execute() for code in reply]
+            ADMIT.queue(pipe, keys, ["1" if job else "0" for _, job in part])
+        return [int(code) for reply in scripts.execute(pipe) for code in reply]
 
     def store(self, items: list[tuple[str, dict[str, Any]]], jobs: list[str | None] | None = None,
               now: float | None = None, tenants: list[str | None] | None = None) -> list[bool | Exception]:
@@ -264,7 +269,7 @@ class ResultStore:
         pipe = self.redis.pipeline(transaction=False)
         for group, part in parts:
             self._call(group, part, ttls, stamp, pipe)
-        for (group, part), reply in zip(parts, pipe.execute(raise_on_error=False), strict=True):
+        for (group, part), reply in zip(parts, scripts.execute(pipe, raise_on_error=False), strict=True):
             if isinstance(reply, REFUSED_ERRORS):  # refused whole: every item waits
                 for i, _, _, _ in part:
                     out[i] = reply
@@ -293,7 +298,7 @@ class ResultStore:
         pipe = self.redis.pipeline(transaction=False)
         for item in part:
             self._call(group, [item], ttls, stamp, pipe)
-        for (i, _, _, _), reply in zip(part, pipe.execute(raise_on_error=False), strict=True):
+        for (i, _, _, _), reply in zip(part, scripts.execute(pipe, raise_on_error=False), strict=True):
             out[i] = reply if isinstance(reply, Exception) else bool(reply[0])
 
 
@@ -373,6 +378,9 @@ if ARGV[2] then
 end
 return 0
 """
+
+
+CLAIM = Script(CLAIM_SCRIPT)
 
 
 def claim_args(digest: str, queue: str | None, ttl_s: int | None) -> list[Any]:

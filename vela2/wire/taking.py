@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from vela2.wire import keys
+from vela2.wire.scripts import Script
 
 MIN_REDIS_VERSION = (6, 2)
 _SEP_LUA = "".join(f"\\{ord(c)}" for c in keys.KOMBU_PRIORITY_SEP)  # the separator as Lua escapes
@@ -160,9 +161,9 @@ return out
 """)
 
 
-def depth_args(queues: list[str]) -> tuple[Any, ...]:
-    """The arguments of redis-py's `eval` running DEPTH_SCRIPT over `queues`."""
-    return (DEPTH_SCRIPT, len(queues), *queues, *keys.KOMBU_PRIORITY_STEPS)
+def depth_call(queues: list[str]) -> tuple[list[str], list[int]]:
+    """DEPTH's (KEYS, ARGV) over `queues`."""
+    return list(queues), list(keys.KOMBU_PRIORITY_STEPS)
 
 
 def read_depths(queues: list[str], reply: list[Any]) -> dict[str, tuple[int, dict[str, int]]]:
@@ -230,3 +231,7 @@ def version_problem(version: str) -> str | None:
         need = ".".join(map(str, MIN_REDIS_VERSION))
         return f"Redis {version} is too old: the worker needs {need} or newer (RPOP with a count, BLMOVE)"
     return None
+
+
+# Run by their SHA1 (vela2.wire.scripts): what producers, workers and readers call.
+TAKE, PUSH, DEPTH, RESTORE = Script(TAKE_SCRIPT), Script(PUSH_SCRIPT), Script(DEPTH_SCRIPT), Script(RESTORE_SCRIPT)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from vela2.wire import keys
+from vela2.wire import keys, scripts
+from vela2.wire.scripts import Script
 
 BUCKETS = 96  # buckets per result lifetime: a day's results in 15-minute ones
 MIN_BUCKET_S = 60
@@ -71,6 +72,9 @@ TOKENS_WINDOW_S = 2  # the whole seconds a tenant's token rate is averaged over
 TOKENS_TTL_S = 10  # a second's counter outlives its window (a worker's clock a little ahead)
 
 
+USAGE = Script(USAGE_SCRIPT)
+
+
 def report_tokens(client: Any, tokens: dict[str, int], now: float | None = None) -> None:
     """Add each tenant's tokens (keyless producers: "") to its counter of this second, one round trip."""
     second = int(time.time() if now is None else now)
@@ -89,13 +93,13 @@ async def read_async(client: Any, tenant: str, now: float | None = None) -> tupl
     now = time.time() if now is None else now
     second = int(now)
     pipe = client.pipeline(transaction=False)
-    pipe.eval(USAGE_SCRIPT, 1, keys.stored_key(tenant), now)
+    USAGE.queue(pipe, [keys.stored_key(tenant)], [now])
     pipe.mget([keys.tokens_key(tenant, second - k) for k in range(1, TOKENS_WINDOW_S + 1)])
-    stored, tokens = await pipe.execute()
+    stored, tokens = await scripts.execute_async(pipe)
     return int(stored), sum(int(v or 0) for v in tokens) // TOKENS_WINDOW_S
 
 
 def stored_bytes(client: Any, tenant: str, now: float | None = None) -> int:
     """The bytes `tenant`'s stored results hold now ("" for keyless producers), sync client."""
-    return int(client.eval(USAGE_SCRIPT, 1, keys.stored_key(tenant), time.time() if now is None else now))
+    return int(USAGE(client, [keys.stored_key(tenant)], [time.time() if now is None else now]))
 

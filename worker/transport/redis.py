@@ -104,7 +104,7 @@ class TolerantQoS(kombu_redis.QoS):
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
         with self.channel.conn_or_acquire(client) as c:
-            done = c.eval(taking.RESTORE_SCRIPT, 2, self.unacked_key, self.unacked_index_key, tag, int(leftmost))
+            done = taking.RESTORE(c, [self.unacked_key, self.unacked_index_key], [tag, int(leftmost)])
         if done == -1:  # recorded by kombu itself (a worker of an earlier version)
             super().restore_by_tag(tag, client, leftmost)
 
@@ -122,6 +122,7 @@ class TolerantChannel(kombu_redis.Channel):
     _sent: str | None = None  # the command awaiting its reply on the polling connection
     _wait_next = False  # the last take found nothing: wait on the first list before the next
     _refused_until = 0.0  # monotonic time before which no take is sent (Redis refused the last)
+    _take_unknown = False  # Redis said NOSCRIPT to the last take: send the next with its text
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -133,10 +134,17 @@ class TolerantChannel(kombu_redis.Channel):
         # kombu's BRPOP order: every queue's priority-0 list first, then priority 3, 6, 9
         return [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
 
-    def _take_args(self, queues: list[str], most: int) -> tuple[Any, ...]:
+    def _take_call(self, queues: list[str], most: int) -> tuple[list[str], list[Any]]:
+        """TAKE's (KEYS, ARGV): up to `most` messages from `queues`' lists."""
         lists = self._take_lists(queues)
         take_keys = taking.take_keys(lists, keys.bell_key(queues[0]), self.qos.unacked_key, self.qos.unacked_index_key)
-        return ("EVAL", taking.TAKE_SCRIPT, len(take_keys), *take_keys, repr(time.time()), most, uuid.uuid4().hex)
+        return take_keys, [repr(time.time()), most, uuid.uuid4().hex]
+
+    def _take_args(self, queues: list[str], most: int) -> tuple[Any, ...]:
+        """The take's command: EVALSHA, or EVAL with the text once after Redis said NOSCRIPT (a
+        restart, SCRIPT FLUSH), which caches it again."""
+        call = self._take_call(queues, most)
+        return taking.TAKE.fallback(*call) if self._take_unknown else taking.TAKE.command(*call)
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         queues = self._queue_cycle.consume(len(self.active_queues))
@@ -173,6 +181,11 @@ class TolerantChannel(kombu_redis.Channel):
                 BLOCKED.refused("taking messages", e)
                 self._refused_until = time.monotonic() + _REFUSED_PAUSE_S
                 raise kombu_redis.Empty() from None
+            except redis.exceptions.NoScriptError:  # it took nothing: the next take sends the text
+                self._take_unknown = True
+                raise kombu_redis.Empty() from None
+            if sent == "EVAL":
+                self._take_unknown = False
             if sent == "BLMOVE":  # the doorbell rang, or the wait (or the pause) timed out: take next
                 self._wait_next = False
                 raise kombu_redis.Empty()
@@ -207,7 +220,7 @@ class TolerantChannel(kombu_redis.Channel):
     def _get(self, queue: str, timeout: Any = None) -> dict[str, Any]:
         # basic_get: one item by the same take script
         with self.conn_or_acquire() as client:
-            reply = client.execute_command(*self._take_args([queue], 1))
+            reply = taking.TAKE(client, *self._take_call([queue], 1))
         if not reply:
             raise kombu_redis.Empty()
         return self._triaged(*reply)[1].envelope

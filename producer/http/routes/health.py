@@ -34,7 +34,7 @@ async def healthz(state: Shared) -> JSONResponse:
     try:
         await c.ping()
         queues = [queue_name(model), queue_name(model, backfill=True)]
-        depths = taking.read_depths(queues, await c.redis.eval(*taking.depth_args(queues)))
+        depths = taking.read_depths(queues, await taking.DEPTH.run_async(c.redis, *taking.depth_call(queues)))
         online, backfill = (depths[q][0] for q in queues)
     except redis.exceptions.RedisError as e:
         body = Health(status="unavailable", model=model, redis=str(e) or type(e).__name__)

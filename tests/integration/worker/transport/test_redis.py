@@ -199,3 +199,19 @@ def test_refreshing_bindings_while_redis_is_full_waits_instead_of_logging_traceb
         conn.default_channel.maybe_refresh_binding_expiry()  # no exception: kombu would log a traceback
     assert BLOCKED.since is not None and "refreshing queue bindings" in caplog.text
     BLOCKED.accepted()
+
+
+def test_takes_go_by_sha1_and_send_the_text_once_after_redis_forgot_it(r, redis_url):
+    """A take is EVALSHA; after SCRIPT FLUSH (as after a restart) the next take gets NOSCRIPT,
+    takes nothing, and the one after sends the text (EVAL) and takes: nothing lost, nothing doubled."""
+    queues = [Queue(q, routing_key=q) for q in keys.queues("m")]
+    with _connection(redis_url) as conn:
+        _publish(r, "before")
+        assert [m.headers["id"] for m in _drain(conn, queues, 1, ack=True)] == ["before"]
+        r.script_flush()
+        r.config_resetstat()
+        _publish(r, "after")
+        assert [m.headers["id"] for m in _drain(conn, queues, 1, ack=True)] == ["after"]
+    calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+    assert calls.get("eval", 0) >= 1 and calls["evalsha"] >= 1 and "script|exists" not in calls
+    assert r.hlen(keys.UNACKED_KEY) == 0 and r.llen(Q) == 0

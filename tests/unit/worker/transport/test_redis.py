@@ -100,7 +100,7 @@ def test_depths_count_tenants_lists():
     r = fakeredis.FakeRedis()
     _push(r, "A", ["a0", "a1"])
     _push(r, None, ["p0"])
-    depths = taking.read_depths([Q], r.eval(*taking.depth_args([Q])))
+    depths = taking.read_depths([Q], taking.DEPTH(r, *taking.depth_call([Q])))
     assert depths == {Q: (3, {"A": 2})}
 
 
