@@ -61,7 +61,7 @@ class Subscriptions:
         """This thread's pub/sub (made on its first wait)."""
         pubsub = getattr(self._local, "pubsub", None)
         if pubsub is None:
-            pubsub = self._local.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = self._local.pubsub = self.redis.pubsub()
             with self._lock:
                 self._open.add(pubsub)
         return pubsub
@@ -88,7 +88,7 @@ def wait_one(redis: Any, request_id: str, timeout_s: float | None, parse: Callab
     timeout_s = check_timeout(timeout_s)
     key = result_key(request_id)
     channels = (key, key.encode("utf-8", "surrogatepass"))  # as a decoding client or a plain one tells it
-    pubsub = redis.pubsub(ignore_subscribe_messages=True) if subs is None else subs.get()
+    pubsub = redis.pubsub() if subs is None else subs.get()
     clean = False
     try:
         pubsub.subscribe(key)  # subscribe first, then read: a result written in between is not missed
@@ -99,10 +99,11 @@ def wait_one(redis: Any, request_id: str, timeout_s: float | None, parse: Callab
             if left <= 0:
                 raise TimeoutError(f"no result for {request_id!r} after {timeout_s} s")
             msg = pubsub.get_message(timeout=min(left, 1.0))
-            if msg is not None and msg.get("type") == "message" and msg.get("channel") in channels:
-                found = parse(msg["data"])  # (a publish on a key this connection waited on before: skipped)
-            elif msg is None:
-                found = read_one(redis, request_id, parse)  # a reconnect may drop a publish
+            if msg is None:  # a second without a word: a reconnect may have dropped the publish
+                found = read_one(redis, request_id, parse)
+            elif msg.get("type") == "message" and msg.get("channel") in channels:
+                found = parse(msg["data"])
+            # else: a (un)subscribe confirmation, or a publish on a key waited on before: read on
         clean = True
         return found
     except (TimeoutError, Vela2Error):

@@ -34,7 +34,12 @@ def test_waits_reuse_one_connection_and_skip_publishes_of_earlier_waits(redis_ur
         before = _connections(r)
         for i in range(20):
             _store(r, f"r-{i}")
+        r.config_resetstat()
+        for i in range(20):
             assert c.result(f"r-{i}", timeout_s=5).id == f"r-{i}"
+        calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+        # each wait: SUBSCRIBE, one MGET, UNSUBSCRIBE (the confirmations left unread cost no MGET later)
+        assert (calls["subscribe"], calls["mget"], calls["unsubscribe"]) == (20, 20, 20), calls
         assert _connections(r) - before <= 1  # not one per wait (the pool's own may open once)
         _store(r, "late")  # published on a channel this connection waited on before
 
