@@ -8,13 +8,17 @@ IdConflict (an id already naming other content), ResultExpired (answered, but th
 from Redis; a LookupError), JobNotFound (a bulk job id that is unknown; a LookupError), StoreFull
 (Redis is up and refuses writes for memory: nothing was queued), QuotaExceeded (a tenant's quota, or a
 submit's max_queued, refused it before anything was written), and Vela2Error, the base of them
-all. Redis being away raises redis.ConnectionError; a wait past its timeout raises TimeoutError.
+all. CellsClient / AsyncCellsClient are the clients of a deployment of many Redis cells
+(producer.cells); a cell that is down raises CellUnavailable for its ids only. Redis being away
+raises redis.ConnectionError; a wait past its timeout raises TimeoutError.
 Test helpers: producer.testing.
 """
 
 from producer.aio import AsyncClient
+from producer.cells import AsyncCellsClient, CellsClient
 from producer.client import Client
 from vela2.errors import (
+    CellUnavailable,
     IdConflict,
     InvalidRequest,
     JobNotFound,
@@ -26,5 +30,6 @@ from vela2.errors import (
     Vela2Error,
 )
 
-__all__ = ["AsyncClient", "Client", "IdConflict", "InvalidRequest", "JobNotFound", "LimitExceeded", "ModelMismatch",
-           "QuotaExceeded", "ResultExpired", "StoreFull", "Vela2Error"]
+__all__ = ["AsyncCellsClient", "AsyncClient", "CellUnavailable", "CellsClient", "Client", "IdConflict",
+           "InvalidRequest", "JobNotFound", "LimitExceeded", "ModelMismatch", "QuotaExceeded", "ResultExpired",
+           "StoreFull", "Vela2Error"]

@@ -41,6 +41,7 @@ from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
 from producer.prepare import pack_messages, prepare_many, prepare_request
 from producer.scope import Scope
 from producer.submitting import (
+    Claims,
     cancel_commands,
     check_ttl,
     claim_commands,
@@ -348,8 +349,12 @@ class AsyncClient:
     async def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int,
                       expires: datetime | None, max_queued: int | None = None) -> None:
         """Claim, then push (see producer.Client.claim and IdConflict)."""
-        tenant = self.scope.tenant
-        messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires, tenant=tenant)
+        messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires, tenant=self.scope.tenant)
+        claims = await self._claim_checked(items, queue)
+        await self._send(items, claims, messages, queue, chunk_size, expires, max_queued)
+
+    async def _claim_checked(self, items: list[tuple[str, Any]], queue: str) -> Claims:
+        """Claim the ids (producer.Client._claim_checked): StoreFull, IdConflict (markers taken back)."""
         pipe = self.redis.pipeline(transaction=False)
         claim_commands(pipe, items, queue, self.submitted_ttl_s if self.track_submitted else None)
         try:
@@ -357,10 +362,19 @@ class AsyncClient:
         except redis.exceptions.RedisError as exc:
             raise (store_full(exc) or exc) from exc
         if claims.conflicts:
-            if claims.marked:
-                await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])
+            await self.release(claims.marked)
             raise conflict_error([self.scope.caller(w) for w in claims.conflicts])
-        todo = plan_submit(items, claims, messages, queue, chunk_size, expires, tenant)
+        return claims
+
+    async def release(self, ids: list[str]) -> None:
+        """Take back submitted markers a claim wrote for requests that are not queued after all."""
+        if ids:
+            await self.redis.delete(*[submitted_key(rid) for rid in ids])
+
+    async def _send(self, items: list[tuple[str, Any]], claims: Claims, messages: list[Message], queue: str,
+                    chunk_size: int, expires: datetime | None, max_queued: int | None) -> None:
+        """Push what the claims leave to queue (producer.Client._send)."""
+        todo = plan_submit(items, claims, messages, queue, chunk_size, expires, self.scope.tenant)
         if not todo:
             return
         try:
@@ -370,7 +384,7 @@ class AsyncClient:
             if (isinstance(exc, Busy) or refused_whole(exc) or nothing_sent(exc)) and claims.marked:
                 # nothing queued: take the markers back (see producer.Client._submit)
                 try:
-                    await self.redis.delete(*[submitted_key(rid) for rid in claims.marked])
+                    await self.release(claims.marked)
                 except Exception as gone:  # noqa: BLE001 - the push's error is the one to raise
                     log.warning("could not take back %d submitted marker(s) after a failed push: %s",
                                 len(claims.marked), gone)

@@ -164,8 +164,12 @@ class Client:
 
     def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int, expires: datetime | None,
                 max_queued: int | None = None) -> None:
-        tenant = self.scope.tenant
-        messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires, tenant=tenant)  # sizes first
+        messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires, tenant=self.scope.tenant)
+        claims = self._claim_checked(items, queue)  # sizes first (above), then the ids
+        self._send(items, claims, messages, queue, chunk_size, expires, max_queued)
+
+    def _claim_checked(self, items: list[tuple[str, Any]], queue: str) -> Claims:
+        """`claim`, raising StoreFull for a full Redis and IdConflict (its own markers taken back)."""
         try:
             claims = self.claim(items, queue)
         except redis.exceptions.RedisError as exc:
@@ -173,7 +177,12 @@ class Client:
         if claims.conflicts:
             self.release(claims.marked)
             raise conflict_error([self.scope.caller(w) for w in claims.conflicts])
-        todo = plan_submit(items, claims, messages, queue, chunk_size, expires, tenant)
+        return claims
+
+    def _send(self, items: list[tuple[str, Any]], claims: Claims, messages: list[Message], queue: str,
+              chunk_size: int, expires: datetime | None, max_queued: int | None) -> None:
+        """Push what the claims leave to queue; a push that queued nothing takes the markers back."""
+        todo = plan_submit(items, claims, messages, queue, chunk_size, expires, self.scope.tenant)
         if not todo:
             return
         try:

@@ -10,8 +10,12 @@ per model: the same figure under each model; keyless producers are tenant "(keyl
 listed: those with messages waiting, a share set, live jobs or stored results. `--json` prints the same as one JSON
 object.
 
+With `--cells FILE` (vela2.wire.cells) it reads every cell and merges: queue depths, dead letters and
+tenants' figures summed, every cell's workers (each marked with its cell), one line per cell (its
+share of slots, up or DOWN).
+
 Exit status: 0; 2 for bad arguments; 3 when Redis does not answer (one line naming the URL,
-password masked).
+password masked); with --cells, 3 when any cell did not answer (the others' status is printed).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import redis
 from producer.client import DEFAULT_REDIS_URL
 from producer.quotas import QUOTA_PREFIX, job_lines_key, jobs_key
 from vela2.wire import fleet, keys, usage
+from vela2.wire.cells import ENV_CELLS_FILE, CellMap, cells_file_from_env, load_cells
 from vela2.wire.connections import redis_client
 from vela2.wire.urls import ENV_BROKER_URL, add_url_arguments, mask_url, url_from_args
 
@@ -79,6 +84,50 @@ def gather(client: Any, models: list[str] | None = None, broker: Any = None, ten
     return out
 
 
+def _connect(url: str) -> Any:
+    return redis_client(url, socket_timeout=10, socket_connect_timeout=10)
+
+
+def _broker(url: str | None) -> Any:
+    """The broker argument of `gather` for a broker URL: None, a RabbitMQ URL as is, or a Redis client."""
+    if url and keys.is_amqp_url(url):
+        return url
+    return _connect(url) if url else None
+
+
+def gather_cells(cell_map: CellMap, models: list[str] | None = None, tenants: bool = False) -> dict[str, Any]:
+    """`gather` of every cell of `cell_map` (vela2.wire.cells), merged: per model the queues, dead
+    letters and tenants' figures summed and the workers of all cells (each with its "cell"); "unacked"
+    summed; "cells": per cell its name, URL (masked), share of slots and "up" (False with "error" for
+    a cell that did not answer: the figures are then those of the cells that did)."""
+    out: dict[str, Any] = {"at": time.time(), "models": {}, "unacked": 0, "cells": []}
+    for cell, about in zip(cell_map.cells, cell_map.describe(), strict=True):
+        client = _connect(cell.url)
+        try:
+            one = gather(client, models, _broker(cell.broker_url), tenants=tenants)
+        except (redis.exceptions.RedisError, OSError) as e:
+            out["cells"].append({**about, "up": False, "error": f"{type(e).__name__}: {e}"})
+            continue
+        finally:
+            client.close()
+        out["cells"].append({**about, "up": True})
+        out["unacked"] = None if one["unacked"] is None or out["unacked"] is None else out["unacked"] + one["unacked"]
+        for name, m in one["models"].items():
+            merged = out["models"].setdefault(name, {"queues": {"online": 0, "backfill": 0}, "dead": 0, "workers": []})
+            for q in ("online", "backfill"):
+                merged["queues"][q] += m["queues"][q]
+            merged["dead"] += m["dead"]
+            merged["workers"] += [{**w, "cell": cell.name} for w in m["workers"]]
+            for tenant, u in m.get("tenants", {}).items():
+                into = merged.setdefault("tenants", {}).setdefault(tenant, {**u, **dict.fromkeys(SUMMED, 0)})
+                for k in SUMMED:
+                    into[k] += u[k]
+    return out
+
+
+SUMMED = ("online", "backfill", "live_jobs", "job_lines", "stored_bytes")  # a tenant's figures added over cells
+
+
 def tenant_usage(client: Any, broker: Any, model: str, by_tenant: dict[str, dict[str, int]]) -> dict[str, Any]:
     """Per tenant: messages waiting online and backfill, its share (weight; the Redis broker holds
     them, else the store), its live bulk jobs and their lines (the live_jobs / job_lines quotas'
@@ -118,7 +167,9 @@ def _text(value: Any) -> str:
 
 def render(status: dict[str, Any]) -> str:
     """The status as the screen `vela2 status` prints."""
-    lines = []
+    lines = [f"cell {c['cell']} ({c['url']}): {c['slots_share']:.1%} of slots | "
+             + ("up" if c["up"] else f"DOWN: {c['error']} (its figures are missing below)")
+             for c in status.get("cells", [])]
     if not status["models"]:
         lines.append("no model has a queue or a live worker in this Redis")
     for name, m in status["models"].items():
@@ -130,10 +181,11 @@ def render(status: dict[str, Any]) -> str:
             lines.append(f"  MIXED: {len(digests)} checkpoint digests serve this model name")
         for w in m["workers"]:
             rate = w.get("batches_per_s")
+            cell = f"[{w['cell']}] " if "cell" in w else ""
             answered = w.get("answered") or {}
             failures = w.get("failures") or {}
             lines.append(
-                f"  {w['worker']}: {w.get('device', '?')} {w.get('precision', '?')} digest "
+                f"  {cell}{w['worker']}: {w.get('device', '?')} {w.get('precision', '?')} digest "
                 f"{(w.get('digest') or '?')[:12]} | {'?' if rate is None else f'{rate:.2f}'} batches/s | "
                 f"held {w.get('held', '?')} | answered "
                 + (", ".join(f"{k} {v:,}" for k, v in sorted(answered.items())) or "none")
@@ -162,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only this model (repeatable); default every model found in this Redis")
     ap.add_argument("--tenants", action="store_true",
                     help="add each tenant's messages waiting, share and live jobs (per model)")
+    ap.add_argument("--cells", default=cells_file_from_env(),
+                    help=f"a cells file (vela2.wire.cells; default ${ENV_CELLS_FILE}): every cell's status, merged; "
+                         "--redis and --broker are then not read")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
     return ap
 
@@ -169,14 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """queues, live workers and failures at a glance"""
     args = build_parser().parse_args(argv)
+    if args.cells:
+        status = gather_cells(load_cells(args.cells), args.model, tenants=args.tenants)
+        print(json.dumps(status, indent=1) if args.json else render(status))
+        return EXIT_REDIS_UNAVAILABLE if not all(c["up"] for c in status["cells"]) else 0
     url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv,
                         logging.getLogger("vela2.status"))
-    client = redis_client(url, socket_timeout=10, socket_connect_timeout=10)
-    broker: Any = None
-    if args.broker and keys.is_amqp_url(args.broker):
-        broker = args.broker
-    elif args.broker:
-        broker = redis_client(args.broker, socket_timeout=10, socket_connect_timeout=10)
+    client, broker = _connect(url), _broker(args.broker)
     try:
         status = gather(client, args.model, broker, tenants=args.tenants)
     except redis.exceptions.RedisError as e:

@@ -124,3 +124,17 @@ class JobNotFound(Vela2Error, LookupError):
     """No bulk job has this id (never created, another tenant's, or expired with its results)."""
 
     code = "job_not_found"
+
+
+class CellUnavailable(Vela2Error, ConnectionError):
+    """A cell (vela2.wire.cells) did not answer: the requests whose ids it holds were not queued or
+    read (`ids`, as the caller named them); requests of the other cells were served (`done`: what was
+    read from them, for a many-read). Retry those ids later: a submit is idempotent by id."""
+
+    code = "cell_unavailable"
+
+    def __init__(self, cell: str, ids: list[str], cause: BaseException, done: dict | None = None):
+        shown = ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5:,} more" if len(ids) > 5 else "")
+        super().__init__(f"cell {cell} is unavailable ({type(cause).__name__}: {cause}); "
+                         f"{len(ids):,} request(s) of its slots were not served: {shown}")
+        self.cell, self.ids, self.done = cell, ids, done or {}

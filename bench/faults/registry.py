@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bench.faults import amqp, crashes, delivery, malformed, queue_items, redis, startup, tenants
+from bench.faults import amqp, cells, crashes, delivery, malformed, queue_items, redis, startup, tenants
 from bench.faults.context import Suite
 from bench.faults.report import Outcome
 
@@ -31,6 +31,7 @@ SCENARIOS: dict[str, Scenario] = {
     "deep_body": malformed.scenario_deep_body,
     "start_failures": startup.scenario_start_failures,
     "tenant_quota": tenants.scenario_tenant_quota,
+    "cell_down": cells.scenario_cell_down,
 }
 
 # Run instead of SCENARIOS with --broker amqp://... `malformed` publishes its bad deliveries raw to

@@ -20,11 +20,13 @@ from typing import Any
 import redis.exceptions
 
 from producer.arguments import ENV_MODEL, check_seconds
+from producer.cells import CellsClient
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client
 from producer.jobs.output import DEFAULT_POLL_S, job_lines
 from producer.jobs.records import cancel_job, job_info, list_jobs
 from producer.jobs.submit import DEFAULT_CHUNK_SIZE, submit_job
-from vela2.errors import ConfigError, InvalidRequest, JobNotFound
+from vela2.errors import CellUnavailable, ConfigError, InvalidRequest, JobNotFound
+from vela2.wire.cells import ENV_CELLS_FILE, cells_file_from_env
 from vela2.wire.jobs import DEFAULT_WINDOW_S, JobInfo
 from vela2.wire.urls import add_url_arguments, url_from_args
 
@@ -65,7 +67,7 @@ class _Writer:
         self.f.close()
 
 
-def write_results(client: Client, job_id: str, out: str, errors: str | None = None, *,
+def write_results(client: Client | CellsClient, job_id: str, out: str, errors: str | None = None, *,
                   timeout_s: float | None = None, poll_s: float = DEFAULT_POLL_S) -> tuple[int, int]:
     """Stream a job's output lines (job_lines) to `out`, in input order; with `errors`, the lines that
     are not ok go there instead. Returns (lines written to out, lines written to errors)."""
@@ -94,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_url_arguments(common, DEFAULT_REDIS_URL)
     common.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="model name (its queues)")
     common.add_argument("--tenant", default=None, help="the jobs are this tenant's (as an API key's over HTTP)")
+    common.add_argument("--cells", default=cells_file_from_env(),
+                        help=f"a cells file (default ${ENV_CELLS_FILE}): each job lives in its id's cell; `list` "
+                             "merges every cell's (--redis is then not read)")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("submit", parents=[common], help="create a job from a JSONL file; prints its id at once")
     p.add_argument("input", metavar="IN.jsonl", help="rows, SystemOne requests or OpenAI-batch lines (custom_id, body)")
@@ -118,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _follow(client: Client, job_id: str, poll_s: float = 1.0) -> JobInfo:
+def _follow(client: Client | CellsClient, job_id: str, poll_s: float = 1.0) -> JobInfo:
     """Print a status line to stderr every `poll_s` until the job ends; returns its last record."""
     while True:
         info = job_info(client, job_id)
@@ -135,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     4 no such job."""
     args = build_parser().parse_args(argv)
     try:
+        if args.cells:
+            with CellsClient(args.cells, model=args.model, tenant=args.tenant) as cells:
+                return _run(cells, args)
         url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv, log)
         with Client(url, model=args.model, tenant=args.tenant) as client:
             return _run(client, args)
@@ -147,12 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     except TimeoutError as e:
         print(f"vela2 jobs: {e}", file=sys.stderr)
         return 1
+    except CellUnavailable as e:
+        print(f"vela2 jobs: {e}", file=sys.stderr)
+        return 3
     except redis.exceptions.RedisError as e:
         print(f"vela2 jobs: redis: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return 3
 
 
-def _run(client: Client, args: argparse.Namespace) -> int:
+def _run(client: Client | CellsClient, args: argparse.Namespace) -> int:
     if args.command == "submit":
         if not Path(args.input).is_file():
             raise InvalidRequest(f"{args.input}: no such file")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from producer.answers import http_status
+from producer.cells import CellsClient, job_client
 from producer.client import Client
 from producer.jobs.records import job_info
 from vela2.api.schemas import Status
@@ -61,12 +62,13 @@ def _kept(answer: dict[str, Any], wire: str) -> dict[str, Any]:
     return {"id": wire, "status": Status.error.value, "error": {"type": "invalid_request", "message": message}}
 
 
-def job_lines(client: Client, job_id: str, *, timeout_s: float | None = None,
+def job_lines(client: Client | CellsClient, job_id: str, *, timeout_s: float | None = None,
               poll_s: float = DEFAULT_POLL_S) -> Iterator[tuple[dict[str, Any], bool]]:
     """(output line, ok) for every input line of the job, in input order, as the answers come:
     READ_PAGE lines per round trip, waiting (polls every `poll_s`) where the next answer is not in
     yet. TimeoutError after `timeout_s` without the job's end (what was yielded stays yielded);
     JobNotFound when there is no such job."""
+    client = job_client(client, job_id)
     info = job_info(client, job_id)  # JobNotFound first, for an id no job can have too
     job = client.scope.wire(job_id)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s

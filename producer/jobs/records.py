@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from producer.cells import CellsClient, job_client
 from producer.client import Client
 from vela2.errors import InvalidRequest, JobNotFound
 from vela2.wire.jobs import CANCEL_JOB_SCRIPT, JOB_FIELDS, JobInfo, parse_job, served_counts
@@ -24,9 +25,10 @@ def _job_key(client: Client, job_id: str) -> str:
         raise JobNotFound(f"no job {job_id[:80]!r}: {e}") from None
 
 
-def job_info(client: Client, job_id: str) -> JobInfo:
+def job_info(client: Client | CellsClient, job_id: str) -> JobInfo:
     """The job's record now, with the model identities that answered it (one round trip);
-    JobNotFound when there is none (or it is another tenant's)."""
+    JobNotFound when there is none (or it is another tenant's). A CellsClient reads the job's cell."""
+    client = job_client(client, job_id)
     pipe = client.redis.pipeline(transaction=False)
     key = _job_key(client, job_id)
     pipe.hmget(key, JOB_FIELDS)
@@ -39,11 +41,12 @@ def job_info(client: Client, job_id: str) -> JobInfo:
     return info
 
 
-def cancel_job(client: Client, job_id: str) -> JobInfo:
+def cancel_job(client: Client | CellsClient, job_id: str) -> JobInfo:
     """Ask a job to cancel: workers answer every request of it they have not started `cancelled`
     (without running it); those running finish and keep their answer; the job ends `cancelled`
     once all are answered. A job that has ended stays as it is. Returns the record after the call;
     JobNotFound when there is none."""
+    client = job_client(client, job_id)
     code = client.redis.eval(CANCEL_JOB_SCRIPT, 1, _job_key(client, job_id), time.time())
     if code == -1:
         raise JobNotFound(f"no job {job_id!r} (never created, another tenant's, or expired with its results)")
@@ -68,11 +71,14 @@ def prune_jobs_index(redis: Any, model: str) -> int:
     return len(gone)
 
 
-def list_jobs(client: Client, limit: int = 100) -> list[JobInfo]:
+def list_jobs(client: Client | CellsClient, limit: int = 100) -> list[JobInfo]:
     """The newest `limit` jobs of the client's model (and tenant), newest first; index entries of
-    jobs that expired are removed on the way."""
+    jobs that expired are removed on the way. A CellsClient lists every cell's, merged."""
     if limit < 1:
         raise InvalidRequest(f"limit must be at least 1; got {limit}")
+    if isinstance(client, CellsClient):
+        merged = [info for c in client.clients for info in list_jobs(c, limit)]
+        return sorted(merged, key=lambda info: info.created_at, reverse=True)[:limit]
     prefix = scoped_id(client.scope.tenant, "")  # the tenant's prefix ("" is no id: not Scope.wire)
     out: list[JobInfo] = []
     start = 0

@@ -20,6 +20,7 @@ from typing import Any
 import redis.exceptions
 
 from producer import brokers
+from producer.cells import CellsClient, job_client
 from producer.client import Client
 from producer.jobs.input_lines import cancelled_meta, invalid_answer, parse_line
 from producer.jobs.records import prune_jobs_index
@@ -156,7 +157,7 @@ class _Submitter:
 
 
 def submit_job(
-    client: Client,
+    client: Client | CellsClient,
     lines: Iterable[bytes],
     *,
     window_s: float = DEFAULT_WINDOW_S,
@@ -190,7 +191,7 @@ def submit_job(
         raise InvalidRequest(f"metadata is not standard JSON text: {e}") from None
     if n_bytes > MAX_METADATA_BYTES:
         raise InvalidRequest(f"metadata has {n_bytes:,} bytes of JSON; limit {MAX_METADATA_BYTES:,}")
-    caller_id = job_id or new_job_id()
+    client = job_client(client, caller_id := job_id or new_job_id())  # with cells: the cell that holds the job
     job = client.scope.wire(caller_id)
     created = time.time()
     # Until it ends, the record lives through its window plus a result lifetime (a job nobody runs

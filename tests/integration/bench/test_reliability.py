@@ -165,3 +165,14 @@ def test_one_tenant_exhausting_its_quota_leaves_the_other_unaffected(tmp_path: P
     noisy = s["notes"]["noisy"]
     assert noisy["by_status"].get("429") and set(noisy["refused_quotas"]) <= {"quota requests_per_s", "quota queued"}
     assert s["requests"] == s["answered_ok"] >= s["notes"]["quiet"]["sent"]
+
+
+def test_a_cell_down_stalls_only_its_own_ids_and_loses_nothing(tmp_path: Path, demo_dir: Path):
+    out = tmp_path / "reliability.json"
+    argv = ["--only", "cell_down", "--scale", "0.2", "--fuzz-examples", "0", "--checkpoint", str(demo_dir),
+            "--out", str(out)]
+    assert main(argv) == 0
+    (s,) = json.loads(out.read_text())["scenarios"]
+    assert s["passed"] and s["lost"] == 0 and s["duplicate_answers_changed"] == 0, s["checks"]
+    assert s["requests"] == s["answered_ok"] == sum(s["notes"]["requests_per_cell"])
+    assert all(s["notes"]["requests_per_cell"]) and s["notes"]["cell_a_answers_while_b_down"] > 0

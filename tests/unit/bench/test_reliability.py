@@ -21,7 +21,7 @@ def test_the_scenarios_keep_their_names_and_order():
     assert list(registry.SCENARIOS) == [
         "sigkill", "sigterm", "redis_restart", "malformed", "oversized", "oom", "duplicate", "visibility", "poison",
         "redis_down", "redis_full", "bad_id", "queue_items", "deep_body", "start_failures",
-        "tenant_quota"]
+        "tenant_quota", "cell_down"]
     assert list(registry.AMQP_SCENARIOS) == [
         "sigkill", "sigterm", "broker_drop", "broker_restart", "duplicate", "poison", "malformed"]
     assert registry.table(True) is registry.AMQP_SCENARIOS and registry.table(False) is registry.SCENARIOS
