@@ -51,7 +51,8 @@ def _lua(script: str) -> str:
 # in messages (all the take may hold when it is the only one waiting), and moves on by taken/weight.
 # The queue's own list (keyless producers, plain Celery) takes part as tenant ''. An empty ring: the
 # queue's own list is popped as before. The doorbell is cleared, and rung again when the take
-# stopped at its credit (items may be left for the other workers).
+# stopped at its credit (items may be left for the other workers). Nothing waiting (no list and no
+# ring exists: one EXISTS) returns at once: an idle worker's take costs two commands, not a dozen.
 TAKE_SCRIPT = _lua("""
 local SEP, MARK = '$SEP$', '$MARK$'
 local out, left, n = {}, tonumber(ARGV[2]), 0
@@ -97,6 +98,12 @@ local function take_fair(q)
   if n > 0 then redis.call('SET', clock, v) end
 end
 redis.call('DEL', KEYS[3])
+local watched = {}
+for i = 5, #KEYS do
+  watched[#watched + 1] = KEYS[i]
+  if not string.find(KEYS[i], SEP, 1, true) then watched[#watched + 1] = KEYS[i] .. SEP .. '$RING$' end
+end
+if redis.call('EXISTS', unpack(watched)) == 0 then return out end
 for i = 5, #KEYS do
   if left <= 0 then break end
   if string.find(KEYS[i], SEP, 1, true) then take(KEYS[i], left) else take_fair(KEYS[i]) end
