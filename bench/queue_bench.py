@@ -483,6 +483,7 @@ def latency_run(client: Any, redis_url: str, rows: list[dict[str, Any]], rate_pe
     import redis
 
     from vela2.wire.keys import result_key
+    from vela2.wire.results import meta_row
 
     rng = np.random.default_rng(seed)
     sent: dict[str, float] = {}
@@ -505,8 +506,7 @@ def latency_run(client: Any, redis_url: str, rows: list[dict[str, Any]], rate_pe
                 for rid, value in zip(waiting, raw, strict=True):
                     if value is None:
                         continue
-                    meta = json.loads(value)
-                    row = meta.get("vela2") or {}
+                    row = meta_row(json.loads(value)) or {}
                     with lock:
                         seen[rid] = now
                     timings[rid] = row.get("timings") or {}
@@ -1057,7 +1057,9 @@ def _snapshot(client: Any, ids: list[str]) -> dict[str, bytes | None]:
 def _decisions(raw: bytes | None) -> Any:
     if raw is None:
         return None
-    row = json.loads(raw).get("vela2") or {}
+    from vela2.wire.results import meta_row
+
+    row = meta_row(json.loads(raw)) or {}
     return [a.get("decision") for a in row.get("answers") or []]
 
 

@@ -29,6 +29,7 @@ from kombu import Queue
 
 from vela2.errors import ConfigError, Vela2Error
 from vela2.wire import keys
+from vela2.wire.results import meta_row
 from vela2.wire.urls import SentinelUrl, is_sentinel_url, parse_sentinel_url
 from worker.engine.work import Delivery
 from worker.obs import logs
@@ -90,7 +91,7 @@ class TaskEvents:
                                                           enabled=True)
         send = self._dispatcher.send
         for rid, status, meta in stored:
-            answer = meta.get("vela2") or {}
+            answer = meta_row(meta) or {}
             timings = answer.get("timings") or {}
             send("task-received", uuid=rid, name=keys.TASK_NAME, args="", kwargs="", retries=0, eta=None,
                  root_id=rid, parent_id=None)

@@ -19,7 +19,7 @@ from typing import Any
 
 from vela2.config import DEFAULT_MAX_BATCH_TOKENS, LIMITS, PRECISIONS, Vela2Config, default_precision
 from vela2.errors import ConfigError
-from vela2.wire.results import DEFAULT_RESULT_EXPIRES_S
+from vela2.wire.results import DEFAULT_ONLINE_RESULT_EXPIRES_S, DEFAULT_RESULT_EXPIRES_S
 from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url, read_url_file
 from worker.obs.logs import LOG_FORMATS
 
@@ -89,7 +89,12 @@ class WorkerSettings:
     max_buffered: int = setting(2048, "messages the worker holds at once (the broker prefetch count); one "
                                       "full batch of short online rows is ~500, and the engine renders the "
                                       "next ones while the device runs")
-    result_expires_s: int = setting(DEFAULT_RESULT_EXPIRES_S, "TTL of stored results")
+    result_expires_s: int = setting(DEFAULT_RESULT_EXPIRES_S, "TTL of the stored results of bulk jobs' lines (read "
+                                                              "back when the job ends)")
+    online_result_expires_s: int = setting(DEFAULT_ONLINE_RESULT_EXPIRES_S,
+                                           "TTL of the stored results of every other request (online, backfill: "
+                                           "read by their waiters within seconds); at most result_expires_s (a "
+                                           "longer one is cut to it)")
     shutdown_timeout_s: float = setting(60.0, "warm shutdown: finish what is held within this, return the rest")
     idle_wait_s: float = setting(1.0, "an idle worker waits on its model's doorbell (rung by every push of our "
                                       "producers: those are taken at once) at most this long, then looks at every "
@@ -203,8 +208,8 @@ class WorkerSettings:
             value = spec.get(self)
             if spec.choices and value is not None and value not in spec.choices:
                 raise ConfigError(f"{spec.name} must be one of {', '.join(spec.choices)}; got {value!r}")
-        for name in ("max_batch_tokens", "max_buffered", "render_threads", "result_expires_s", "max_attempts",
-                     "max_message_bytes", "attempts_ttl_s"):
+        for name in ("max_batch_tokens", "max_buffered", "render_threads", "result_expires_s",
+                     "online_result_expires_s", "max_attempts", "max_message_bytes", "attempts_ttl_s"):
             if _get(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1; got {_get(self, name)}")
         for name in ("max_wait_ms", "target_p99_ms", "shutdown_timeout_s", "row_tokens", "metrics_port",

@@ -17,6 +17,13 @@ import redis as redis_lib
 from bench.faults.context import POLL_S, QUEUE
 from stack.harness import WorkerProcess
 from vela2.wire import fleet, keys
+from vela2.wire.results import meta_row
+
+
+def stored_row(raw: bytes | None) -> dict[str, Any]:
+    """The RowResult dict of a stored result (vela2.wire.results.meta_row, either layout); {} when
+    there is none (no result, a chunk's summary, a result Celery itself wrote)."""
+    return (meta_row(json.loads(raw)) if raw is not None else None) or {}
 
 
 def classify(raw: bytes | None) -> str | None:
@@ -27,8 +34,8 @@ def classify(raw: bytes | None) -> str | None:
         meta = json.loads(raw)
     except ValueError:
         return "error"
-    row = meta.get("vela2") if isinstance(meta, dict) else None
-    if isinstance(row, dict) and row.get("status") in ("ok", "error", "expired"):
+    row = meta_row(meta)
+    if row is not None and row.get("status") in ("ok", "error", "expired"):
         return str(row["status"])
     return "ok" if isinstance(meta, dict) and meta.get("status") == "SUCCESS" else "error"
 
@@ -38,8 +45,8 @@ def error_type(raw: bytes | None) -> str | None:
     if raw is None:
         return None
     meta = json.loads(raw)
-    row = meta.get("vela2")
-    if isinstance(row, dict) and row.get("error"):
+    row = meta_row(meta)
+    if row is not None and row.get("error"):
         return str(row["error"]["type"])
     result = meta.get("result")
     return str(result.get("exc_type")) if isinstance(result, dict) and "exc_type" in result else None
@@ -50,7 +57,7 @@ def error_message(raw: bytes | None) -> str | None:
     if raw is None:
         return None
     meta = json.loads(raw)
-    err = (meta.get("vela2") or {}).get("error")
+    err = stored_row(raw).get("error")
     if err:
         return f"{err.get('type')}: {err.get('message')}"
     result = meta.get("result")

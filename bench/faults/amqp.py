@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.faults.accounting import Tracker, classify, error_type
+from bench.faults.accounting import Tracker, classify, error_type, stored_row
 from bench.faults.context import (
     MODEL,
     POLL_S,
@@ -369,7 +369,7 @@ def _error_examples(want: dict[str, str], raws: dict[str, bytes | None]) -> dict
     for rid in want:
         kind = rid.rsplit("-", 1)[0]
         if kind not in examples and raws[rid] is not None:
-            err = (json.loads(raws[rid]).get("vela2") or {}).get("error") or {}
+            err = stored_row(raws[rid]).get("error") or {}
             examples[kind] = f"{err.get('type')}: {str(err.get('message'))[:200]}"
     return examples
 

@@ -9,7 +9,7 @@ import json
 import random
 import time
 
-from bench.faults.accounting import Tracker, classify, drained, error_type, unacked
+from bench.faults.accounting import Tracker, classify, drained, error_type, stored_row, unacked
 from bench.faults.context import (
     MODEL,
     POLL_S,
@@ -160,7 +160,7 @@ def scenario_oom(s: Suite, out: Outcome) -> None:
         notes.get("raised", 0) > 0 and splits > 0,
         {"raised": notes.get("raised"), "split_log_lines": splits},
     )
-    sample = next((json.loads(raws[b["id"]])["vela2"]["error"]["message"] for b in bad if raws[b["id"]]), None)
+    sample = next((stored_row(raws[b["id"]])["error"]["message"] for b in bad if raws[b["id"]]), None)
     out.notes.update(
         {
             "injected": "OutOfMemoryError for batches over 600 padded tokens (max_batch_tokens 2048); "
@@ -201,7 +201,7 @@ def scenario_poison(s: Suite, out: Outcome) -> None:
     raws = out.settle(tr)
     dead = [json.loads(x) for x in rc.lrange(keys.dead_letter(MODEL), 0, -1)]
     poison_raw = raws.get("poison-1")
-    msg = json.loads(poison_raw)["vela2"]["error"]["message"] if poison_raw else None
+    msg = stored_row(poison_raw)["error"]["message"] if poison_raw else None
     out.check("the worker crashed exactly max_attempts (3) times, then never again", exits == [137] * 3, exits)
     out.check("the poison request got a `poison` error answer", error_type(poison_raw) == "poison", msg)
     out.check("it is in the dead-letter list", [d["id"] for d in dead] == ["poison-1"], [d["id"] for d in dead])

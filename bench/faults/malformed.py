@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.faults.accounting import Tracker, classify, drained, error_message, error_type
+from bench.faults.accounting import Tracker, classify, drained, error_message, error_type, stored_row
 from bench.faults.context import (
     MODEL,
     QUEUE,
@@ -31,6 +31,7 @@ from producer.client import Client
 from vela2.errors import LimitExceeded
 from vela2.wire import keys
 from vela2.wire.messages import build_message
+from vela2.wire.results import meta_row
 
 
 def scenario_malformed(s: Suite, out: Outcome) -> None:
@@ -176,7 +177,7 @@ def _error_examples(want: dict[str, str], raws: dict[str, bytes | None]) -> dict
         kind = rid.rsplit("-", 1)[0]
         if kind not in examples and raws[rid] is not None:
             meta = json.loads(raws[rid])
-            err = (meta.get("vela2") or {}).get("error") or {
+            err = (meta_row(meta) or {}).get("error") or {
                 "type": meta["result"].get("exc_type"),
                 "message": str(meta["result"].get("exc_message")),
             }
@@ -217,7 +218,7 @@ def scenario_oversized(s: Suite, out: Outcome) -> None:
     messages = {}
     for rid in want:
         try:
-            messages[rid] = json.loads(raws[rid])["vela2"]["error"]["message"][:160]
+            messages[rid] = stored_row(raws[rid])["error"]["message"][:160]
         except (TypeError, KeyError, ValueError):
             messages[rid] = None
     out.notes.update(

@@ -30,6 +30,7 @@ from vela2.errors import InvalidRequest, Vela2Error
 from vela2.wire import scripts, taking
 from vela2.wire.keys import HEARTBEAT_S, queue_name, result_key, workers_key
 from vela2.wire.messages import build_message, deadline_to_expires, decode_json
+from vela2.wire.results import META_ROW_LUA
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,14 @@ TRANSIENT_REDIS_ERRORS = (
     redis.exceptions.BusyLoadingError,
 )
 # Delete a stored answer that is not ok (KEYS[1] = its result key), so `--retry errors` scores the row
-# anew; an ok answer (or none) is left as it is. Returns 1 when it deleted one.
-DROP_FAILED_SCRIPT = """
+# anew; an ok answer (or none) is left as it is (its row read as vela2.wire.results.meta_row reads it,
+# either layout). Returns 1 when it deleted one.
+DROP_FAILED_SCRIPT = META_ROW_LUA + """
 local raw = redis.call('GET', KEYS[1])
 if not raw then return 0 end
 local ok, meta = pcall(cjson.decode, raw)
-if ok and type(meta) == 'table' and type(meta['vela2']) == 'table' and meta['vela2']['status'] == 'ok' then
+local row = ok and meta_row(meta) or nil
+if row and row['status'] == 'ok' then
   return 0
 end
 redis.call('DEL', KEYS[1])

@@ -18,10 +18,11 @@ code: the queue item is looked at by `vela2.wire.messages.triage` and decoded by
 `decode_delivery` (ids, chunks, deadlines, the id rules), requests are validated by the real
 validators (`parse_row`; SystemOne: `parse_request`, the model name check, `to_row`), and results
 are written by `vela2.wire.results.ResultStore` (write-once `celery-task-meta-<id>` with the TTL
-`result_expires_s`, the submitted marker turned into "answered", a PUBLISH for waiters), with the
-same meta (`row_meta`: Celery's SUCCESS / FAILURE fields, the RowResult, the SystemOne answer, the
-content digest). A bad request gets the worker's error result; a request whose deadline passed gets
-`expired`; a cancelled one (`Client.cancel`, or its bulk job's cancel: producer.jobs) gets `cancelled`,
+`online_result_expires_s`, a bulk job's lines' `result_expires_s`, the submitted marker turned into
+"answered", a PUBLISH for waiters), with the same meta (`row_meta`: Celery's SUCCESS / FAILURE
+fields, the RowResult, the SystemOne answer, the content digest, nothing stored twice). A bad
+request gets the worker's error result; a request whose deadline passed gets `expired`; a
+cancelled one (`Client.cancel`, or its bulk job's cancel: producer.jobs) gets `cancelled`,
 and a bulk job's results are counted on its record as the worker counts them; a chunk gets its
 summary under its own id; an id already answered is a duplicate (never
 answered twice); a queue item with no usable id goes to the dead-letter list `vela2.<model>.dead`.
@@ -114,7 +115,15 @@ from vela2.wire.messages import (
     request_digest,
     triage,
 )
-from vela2.wire.results import DEFAULT_RESULT_EXPIRES_S, ResultStore, chunk_meta, dead_letter_entry, row_meta
+from vela2.wire.results import (
+    DEFAULT_ONLINE_RESULT_EXPIRES_S,
+    DEFAULT_RESULT_EXPIRES_S,
+    ResultStore,
+    chunk_meta,
+    dead_letter_entry,
+    meta_row,
+    row_meta,
+)
 
 TESTING_EXTRA = 'pip install "vela2[testing]"'
 _TAKE_WAIT_S = 0.05  # longest a thread waits between Redis calls when idle, so stop() and pause() act quickly
@@ -149,10 +158,10 @@ class FakeWorker:
     `redis`: a Redis client (redis-py, or fakeredis with Lua: ``fakeredis[lua]``) or a URL.
     `model`: the model whose queues it drains and whose name SystemOne requests must give.
     `answer`: ``"stub"`` (default), ``"model"`` (with `checkpoint`, `device`, `precision`) or a
-    callable (see the module docstring). `result_expires_s`: the TTL of stored results (the worker's
-    `result_expires_s`). `delay_s`: in thread mode, a pause per message before its results are
-    written (a slow worker). `calibration`: the default question texts of the SystemOne open-label
-    kinds (default: those of `answer="model"`'s checkpoint, else calibration.json's defaults).
+    callable (see the module docstring). `result_expires_s` / `online_result_expires_s`: the worker's
+    settings (TTL of a bulk job's lines' results / any other's). `delay_s`: in thread mode, a pause
+    per message before its results are written. `calibration`: the default question texts of the
+    SystemOne open-label kinds (default: `answer="model"`'s checkpoint's, else calibration.json's).
     """
 
     def __init__(
@@ -165,6 +174,7 @@ class FakeWorker:
         device: str = "cpu",
         precision: str | None = None,
         result_expires_s: int = DEFAULT_RESULT_EXPIRES_S,
+        online_result_expires_s: int = DEFAULT_ONLINE_RESULT_EXPIRES_S,
         delay_s: float = 0.0,
         calibration: Calibration | None = None,
     ):
@@ -182,7 +192,7 @@ class FakeWorker:
         # answer="model" answers carry the checkpoint's own (vela2.predict)
         self.served_by = ModelInfo(name=self.served, digest=fake_digest(self.kind, self.served),
                                    precision=precision or default_precision(device))
-        self.store = ResultStore(self.redis, ttl_s=result_expires_s)
+        self.store = ResultStore(self.redis, ttl_s=result_expires_s, online_ttl_s=online_result_expires_s)
         self.queues = [lst for q in keys.queues(model) for lst in keys.priority_lists(q)]  # taking order
         # The thread takes an item by moving it onto a list of its own (LMOVE), and removes it from there
         # once its results are stored: a Redis restart between the take and the store (a pop whose
@@ -429,7 +439,7 @@ class FakeWorker:
                     raise
                 self.redis_errors += 1
                 self._stop.wait(_TAKE_WAIT_S)
-        n = sum("vela2" in meta for _, meta in answered.writes)  # a chunk's summary is no answer
+        n = sum(meta_row(meta) is not None for _, meta in answered.writes)  # a chunk's summary is no answer
         self.messages += 1
         self.requests += n
         return Drained(1, n, answered.duplicates, len(answered.dead))
@@ -472,7 +482,7 @@ class FakeWorker:
                 counts["duplicate"] += 1
                 continue
             meta = self._cancelled(rid, obj) if code == ADMIT_CANCELLED else self._score(rid, obj, got.expires)
-            counts[meta["vela2"]["status"]] += 1
+            counts[(meta_row(meta) or {})["status"]] += 1
             writes.append((rid, meta))
         if got.chunk:
             writes.append((mid, chunk_meta(mid, dict(counts))))

@@ -39,7 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vela2(**kw): keyword arguments of the vela2_fake_worker fixture's "
-                            "FakeWorker (answer=, result_expires_s=, ...; thread=False: no thread, call drain())")
+                            "FakeWorker (answer=, result_expires_s=, online_result_expires_s=, ...; "
+                            "thread=False: no thread, call drain())")
 
 
 def _fakeredis() -> Any:

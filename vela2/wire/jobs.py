@@ -100,9 +100,7 @@ for i = 1, (#KEYS - 3) / 2 do
   end
   if redis.call('SET', rk, v, 'NX', 'EX', ARGV[1]) then
     redis.call('PUBLISH', rk, v)
-    if redis.call('EXISTS', mk) == 1 then
-      redis.call('SET', mk, 'answered', 'EX', ARGV[2])
-    end
+    redis.call('SET', mk, 'answered', 'XX', 'EX', ARGV[2])
     if live and status ~= '' then
       redis.call('HINCRBY', job, status, 1)
       if who ~= '' then

@@ -4,13 +4,33 @@ Key `celery-task-meta-<id>` (vela2.wire.keys.result_key) holds JSON in the layou
 result backend, so `AsyncResult(id).get()` and any plain Redis GET read it:
 
     {"status": "SUCCESS" | "FAILURE", "result": ..., "traceback": null, "children": [],
-     "date_done": ISO, "task_id": id, "vela2": RowResult.to_json_dict(), "vela2_answer": {...}?}
+     "date_done": ISO, "task_id": id, "vela2": RowResult?, "vela2_answer": {...}?, "vela2_digest": ...?}
 
-SUCCESS holds ok and expired results (`result` = the RowResult dict, or the SystemOne answer for
-a SystemOne request); FAILURE holds error results with `result` = {"exc_type", "exc_message",
-"exc_module": "builtins"}, so `AsyncResult.get()` raises a readable exception without importing
-our code. Writing is SET NX (first answer wins, a duplicate delivery never changes it) plus a
-PUBLISH on the key's channel, which Celery's result consumer listens on.
+Nothing is stored twice:
+
+- SUCCESS (ok, expired and cancelled results) of a plain row: `result` = the RowResult dict, no
+  `vela2`.
+- SUCCESS of a SystemOne request: `result` = the SystemOne answer, `vela2` = the RowResult. The rule
+  a reader follows: **`vela2` beside a SUCCESS means `result` is the answer and `vela2` the row**;
+  without `vela2`, `result` is both.
+- FAILURE (error results): `result` = {"exc_type", "exc_message", "exc_module": "builtins"}, so
+  `AsyncResult.get()` raises a readable exception without importing our code; `vela2` = the
+  RowResult, and `vela2_answer` = the SystemOne answer of a SystemOne request.
+
+`vela2_digest` is the request's content digest (CLAIM_SCRIPT). Results written before this layout
+(by an older worker: `vela2` on every result, `vela2_answer` beside a SystemOne SUCCESS too; the rule
+holds for them as well, a plain row's `result` being its row) read the same for as long as they
+live: every reader takes the row and the answer through `meta_row` / `meta_answer` (in Lua:
+META_ROW_LUA), which read both layouts. A bulk chunk's summary is a SUCCESS whose `result` is no
+row (`chunk_meta`): neither returns anything for it.
+
+Writing is SET NX (first answer wins, a duplicate delivery never changes it) plus a PUBLISH on the
+key's channel, which Celery's result consumer listens on.
+
+A result of a bulk job's line lives `ResultStore.ttl_s` (the worker's `result_expires_s`, a day: a
+job's answers are read back when the job ends); any other (online, backfill, a chunk's summary)
+`ResultStore.online_ttl_s` (`online_result_expires_s`, an hour: read by its waiter within seconds),
+never longer than `ttl_s`.
 
 The submitted marker (`vela2:submitted:<id>`, set by a tracking producer with the queue as value)
 becomes "answered" when the result is written, and then lives `expired_marker_s` longer than the
@@ -47,14 +67,17 @@ from vela2.wire.usage import COUNT_LUA, count_args
 log = logging.getLogger(__name__)
 
 
-DEFAULT_RESULT_EXPIRES_S = 86_400  # one day, Celery's default result_expires
+DEFAULT_RESULT_EXPIRES_S = 86_400  # one day, Celery's default result_expires: a bulk job's line results
+DEFAULT_ONLINE_RESULT_EXPIRES_S = 3_600  # an online request's result (read within seconds, by its waiter)
 DEFAULT_SUBMITTED_TTL_S = DEFAULT_RESULT_EXPIRES_S  # a pending marker: how long a request may wait unanswered
 DEFAULT_EXPIRED_MARKER_S = 86_400  # an "answered" marker outlives its result by this long
 ANSWERED = "answered"  # the submitted marker's value once the result is written
+ROW_KEY = "vela2"  # the RowResult, where `result` is not it (a failure, a SystemOne answer): meta_row
+ANSWER_KEY = "vela2_answer"  # a failed SystemOne request's answer (and an older worker's successes'): meta_answer
 
 # Write once, many results of one tenant in one call: SET NX EX each, announce the value on the key's
-# channel, turn the request's submitted marker (if any) into the "answered" tombstone, and count the
-# bytes written on the tenant (vela2.wire.usage), only when written.
+# channel, turn the request's submitted marker (if any: SET XX) into the "answered" tombstone, and count
+# the bytes written on the tenant (vela2.wire.usage), only when written.
 # KEYS = the tenant's stored-bytes hash, then result key, marker key per result; ARGV = result TTL,
 # marker TTL, bucket, the hash's TTL (usage.count_args), then one value per result. Returns 1 / 0 per
 # result. While Redis is full its first SET is refused, and with it the whole call (Redis checks
@@ -66,9 +89,7 @@ for i = 1, (#KEYS - 1) / 2 do
   local rk, mk, v = KEYS[2 * i], KEYS[2 * i + 1], ARGV[i + 4]
   if redis.call('SET', rk, v, 'NX', 'EX', ARGV[1]) then
     redis.call('PUBLISH', rk, v)
-    if redis.call('EXISTS', mk) == 1 then
-      redis.call('SET', mk, 'answered', 'EX', ARGV[2])
-    end
+    redis.call('SET', mk, 'answered', 'XX', 'EX', ARGV[2])
     bytes = bytes + #rk + #v
     out[i] = 1
   else
@@ -126,12 +147,13 @@ def _now_iso() -> str:
 def row_meta(task_id: str, result: RowResult | dict[str, Any], answer: dict[str, Any] | None = None,
              digest: str | None = None) -> dict[str, Any]:
     """The stored meta of one request's result (a RowResult, or its `to_json_dict()` form, which a
-    decode process sends: no pydantic object crosses the process boundary).
+    decode process sends: no pydantic object crosses the process boundary), in the layout of the
+    module docstring (nothing stored twice).
 
-    `answer`: the SystemOne answer dict of a SystemOne request (stored beside the RowResult and used
-    as Celery's `result` when the request succeeded). `digest`: the request's content digest
-    (vela2.wire.messages.request_digest), so a later request under the same id with other content
-    is refused as a conflict instead of getting this answer.
+    `answer`: the SystemOne answer dict of a SystemOne request (Celery's `result` when the request
+    succeeded, the row beside it in `vela2`; `vela2_answer` beside a failure's exception). `digest`:
+    the request's content digest (vela2.wire.messages.request_digest), so a later request under the
+    same id with other content is refused as a conflict instead of getting this answer.
     """
     row = result if isinstance(result, dict) else result.to_json_dict()
     meta: dict[str, Any] = {
@@ -141,17 +163,19 @@ def row_meta(task_id: str, result: RowResult | dict[str, Any], answer: dict[str,
         "children": [],
         "date_done": _now_iso(),
         "task_id": task_id,
-        "vela2": row,
     }
-    if answer is not None:
-        meta["vela2_answer"] = answer
-    if digest is not None:
-        meta["vela2_digest"] = digest
     if row.get("status") == Status.error.value:
         err = row.get("error")
         code, message = (err["type"], err["message"]) if err else ("internal_error", "unknown error")
         meta["status"] = "FAILURE"
         meta["result"] = {"exc_type": exc_type_name(code), "exc_message": [message], "exc_module": "builtins"}
+        meta[ROW_KEY] = row
+        if answer is not None:
+            meta[ANSWER_KEY] = answer
+    elif answer is not None:
+        meta[ROW_KEY] = row  # beside a SUCCESS: `result` is the answer
+    if digest is not None:
+        meta["vela2_digest"] = digest
     return meta
 
 
@@ -199,11 +223,26 @@ DEAD_ITEM_BYTES = 1 << 20  # a dead-lettered queue item keeps its first MiB
 
 @dataclass
 class ResultStore:
-    """Writes results under their ids (write-once, with TTL) and checks which ids already have one."""
+    """Writes results under their ids (write-once, with TTL) and checks which ids already have one.
+
+    A result's TTL is its kind's (`ttl_of`): `ttl_s` for a bulk job's line (the worker's
+    `result_expires_s`), `online_ttl_s` for any other (`online_result_expires_s`), never longer
+    than `ttl_s`."""
 
     redis: Any  # a redis.Redis (or fakeredis) client
     ttl_s: int = DEFAULT_RESULT_EXPIRES_S
     expired_marker_s: int = DEFAULT_EXPIRED_MARKER_S
+    online_ttl_s: int = DEFAULT_ONLINE_RESULT_EXPIRES_S
+
+    def ttl_of(self, job: str | None) -> int:
+        """The TTL of a result of `job` (a bulk job's line), or of an online request (None)."""
+        return int(self.ttl_s) if job is not None else min(int(self.online_ttl_s), int(self.ttl_s))
+
+    def _ttls(self, job: str | None) -> list[int]:
+        """A store script's first ARGV for a result of `job` (or None): its TTL, its marker's (the
+        result's plus expired_marker_s), then usage.count_args."""
+        ttl = self.ttl_of(job)
+        return [ttl, ttl + int(self.expired_marker_s), *count_args(ttl)]
 
     def _store_many(self, keys: list[Any], args: list[Any], client: Any) -> None:
         STORE_MANY.queue(client, keys, args)
@@ -241,13 +280,13 @@ class ResultStore:
         id that cannot be a key, a value Redis refuses): the other items are written all the same.
         `jobs`: per item, the (scoped) job it belongs to, or None: a written result of a job is
         counted on it by its status in the same script call (vela2.wire.jobs; `now` stamps a job
-        that this ends). `tenants`: per item, the tenant whose stored bytes it counts on (None or
-        absent: keyless producers', tenant ""; vela2.wire.usage). One pipelined round trip (a script
+        that this ends) and lives `ttl_s`, any other `online_ttl_s` (`ttl_of`). `tenants`: per item,
+        the tenant whose stored bytes it counts on (None or absent: keyless producers', tenant "";
+        vela2.wire.usage). One pipelined round trip (a script
         call per 512 results of one job and tenant); should Redis refuse such a call for what one
         value is (too large), its items are written one by one in a pipeline, each meeting only its
         own error. Raises only when a round trip itself fails (Redis away)."""
         out: list[bool | Exception] = [False] * len(items)
-        ttls = [int(self.ttl_s), int(self.ttl_s) + int(self.expired_marker_s), *count_args(self.ttl_s)]
         groups: dict[_Group, list[_Ready]] = {}
         for i, (rid, meta) in enumerate(items):
             try:
@@ -255,9 +294,9 @@ class ResultStore:
             except UnicodeEncodeError as e:
                 out[i] = e
                 continue
-            row = meta.get("vela2")
-            status = str(row.get("status", "")) if isinstance(row, dict) else ""  # a chunk summary: not counted
-            if jobs and jobs[i] and status == "ok" and isinstance(row, dict):  # which model answered (vela2.wire.jobs)
+            row = meta_row(meta)
+            status = str(row.get("status", "")) if row is not None else ""  # a chunk summary: not counted
+            if jobs and jobs[i] and status == "ok" and row is not None:  # which model answered (vela2.wire.jobs)
                 who = served_label(row.get("served_by"))
                 status = f"{status}\t{who}" if who else status
             group = (jobs[i] if jobs else None, (tenants[i] if tenants else None) or "")
@@ -266,15 +305,16 @@ class ResultStore:
         parts = [(group, g[k : k + _MANY_MAX]) for group, g in groups.items() for k in range(0, len(g), _MANY_MAX)]
         if not parts:
             return out
+        ttls = {job: self._ttls(job) for job, _ in groups}
         pipe = self.redis.pipeline(transaction=False)
         for group, part in parts:
-            self._call(group, part, ttls, stamp, pipe)
+            self._call(group, part, ttls[group[0]], stamp, pipe)
         for (group, part), reply in zip(parts, scripts.execute(pipe, raise_on_error=False), strict=True):
             if isinstance(reply, REFUSED_ERRORS):  # refused whole: every item waits
                 for i, _, _, _ in part:
                     out[i] = reply
             elif isinstance(reply, redis.exceptions.ResponseError):  # one value refused: find which
-                self._store_each(group, part, ttls, stamp, out)
+                self._store_each(group, part, ttls[group[0]], stamp, out)
             elif isinstance(reply, Exception):
                 raise reply
             else:
@@ -284,7 +324,7 @@ class ResultStore:
 
     def _call(self, group: _Group, part: list[_Ready], ttls: list[int], stamp: str, client: Any) -> Any:
         """One store script call for `part` (all of one job, or of none, and of one tenant) on
-        `client` (a pipeline). `ttls`: result TTL, marker TTL, then usage.count_args."""
+        `client` (a pipeline). `ttls`: the group's `_ttls`."""
         job, tenant = group
         if job is None:
             return self._store_many(keys=[stored_key(tenant), *(key for _, ks, _, _ in part for key in ks)],
@@ -309,12 +349,61 @@ _Group = tuple[str | None, str]  # (job or None, tenant: "" for keyless producer
 # --- reading ---------------------------------------------------------------------------------
 
 
+_ROW_STATUSES = frozenset(s.value for s in Status)
+
+
+def _is_row(value: Any) -> bool:
+    """Whether `value` is a RowResult dict (not a chunk's summary, not a SystemOne answer)."""
+    return isinstance(value, dict) and isinstance(value.get("id"), str) and value.get("status") in _ROW_STATUSES
+
+
+def meta_row(meta: Any) -> dict[str, Any] | None:
+    """The RowResult dict of a decoded stored meta, in either layout (module docstring): `vela2`
+    where it is there, else a SUCCESS's `result`; None when there is none (a chunk's summary, a
+    result some other Celery task wrote, no dict at all)."""
+    if not isinstance(meta, dict):
+        return None
+    row = meta.get(ROW_KEY)
+    if isinstance(row, dict):
+        return row
+    result = meta.get("result")
+    return result if meta.get("status") == "SUCCESS" and _is_row(result) else None
+
+
+def meta_answer(meta: Any) -> dict[str, Any] | None:
+    """The product answer of a decoded stored meta, in either layout: the SystemOne answer of a
+    SystemOne request, else the RowResult dict; None when there is none."""
+    if not isinstance(meta, dict):
+        return None
+    answer = meta.get(ANSWER_KEY)  # a failed SystemOne request's (an older worker's successes' too)
+    if isinstance(answer, dict):
+        return answer
+    if meta.get("status") == "SUCCESS" and isinstance(meta.get(ROW_KEY), dict):  # `result` is the answer
+        result = meta.get("result")
+        return result if isinstance(result, dict) else None
+    return meta_row(meta)
+
+
+# meta_row in Lua, for scripts that read a stored meta (decoded with cjson): the RowResult table, or nil.
+META_ROW_LUA = """
+local function meta_row(meta)
+  if type(meta) ~= 'table' then return nil end
+  if type(meta['vela2']) == 'table' then return meta['vela2'] end
+  local result = meta['result']
+  if meta['status'] == 'SUCCESS' and type(result) == 'table' and type(result['id']) == 'string'
+      and type(result['status']) == 'string' then
+    return result
+  end
+  return nil
+end
+"""
+
+
 def parse_meta(raw: bytes | str | None) -> RowResult | None:
     """The RowResult in a stored meta; None when there is none (missing key, a chunk summary)."""
     if raw is None:
         return None
-    meta = json.loads(raw)
-    row = meta.get("vela2") if isinstance(meta, dict) else None
+    row = meta_row(json.loads(raw))
     return RowResult.model_validate(row) if row is not None else None
 
 
@@ -323,10 +412,7 @@ def parse_answer(raw: bytes | str | None) -> dict[str, Any] | None:
     RowResult dict; None when there is none."""
     if raw is None:
         return None
-    meta = json.loads(raw)
-    if not isinstance(meta, dict):
-        return None
-    return meta.get("vela2_answer") or meta.get("vela2")
+    return meta_answer(json.loads(raw))
 
 
 def _mget(redis: Any, ids: list[str]) -> list[Any]:

@@ -16,7 +16,7 @@ from typing import Any
 from vela2.api.schemas import RowResult, Status, error_result
 from vela2.errors import StorageError
 from vela2.wire import keys, usage
-from vela2.wire.results import ResultStore, chunk_meta, dead_letter_entry, row_meta
+from vela2.wire.results import ResultStore, chunk_meta, dead_letter_entry, meta_row, row_meta
 from worker.engine.attempts import Attempts
 from worker.engine.stats import EngineStats
 from worker.engine.work import Delivery, Message, Request, clip, job_of
@@ -113,7 +113,7 @@ class Outbox:
         """Queue one result for storing: a RowResult, or the JSON form a decode process sends, with
         the request's content digest (None for a queue item too broken to have one)."""
         meta = row_meta(rid, res, answer, digest)
-        row = meta["vela2"]
+        row = meta_row(meta) or {}
         status = row["status"]
         self._to_store.append((msg, rid, meta, status))
         trace = self.traces.get(rid)

@@ -194,7 +194,8 @@ def _assemble(settings: WorkerSettings, digest: str, loaded: Loaded, broker: Any
                     heartbeat=(model.name, worker_id), beats=redis_client(settings.redis_url),
                     describe=describe, shares=lambda weights: setattr(engine.scheduler.buckets, "weights", weights))
     traced = WorkerTracing(model.name, digest) if tracing.configure("vela2-worker") else None
-    engine = Engine(model, ResultStore(client, settings.result_expires_s), settings.engine_settings(),
+    store = ResultStore(client, ttl_s=settings.result_expires_s, online_ttl_s=settings.online_result_expires_s)
+    engine = Engine(model, store, settings.engine_settings(),
                     pipeline=loaded.pipeline, metrics=metrics, on_stored=on_stored, leases=leases,
                     release_held=partial(release_held, broker) if broker is not None else None,
                     cpu=loaded.cpu, device=device, tracing=traced,

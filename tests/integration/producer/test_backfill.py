@@ -206,7 +206,7 @@ def test_an_answer_that_expired_before_the_backfill_read_it_is_a_result_expired_
 
     # A later run (into a new OUT) finds those answers expired: it scores them anew.
     worker.stop()
-    fake_worker()  # results live the default day now
+    fake_worker()  # results live the default online TTL (an hour) now
     out2 = tmp_path / "out2.jsonl"
     s2 = run_backfill(inp, out2, redis_url=redis_url, model=MODEL, window=3, chunk_size=3, poll_s=0.01, timeout_s=60)
     assert (s2.rescored, s2.submitted, s2.ok, s2.result_expired) == (3, 3, 3, 0)

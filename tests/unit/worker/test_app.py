@@ -48,6 +48,24 @@ def test_settings_come_from_the_environment_then_overrides(demo_dir):
             WorkerSettings(idle_wait_s=bad).validate()
 
 
+def test_the_online_result_ttl_is_a_setting_of_its_own_validated_as_the_jobs():
+    assert (WorkerSettings().online_result_expires_s, WorkerSettings().result_expires_s) == (3_600, 86_400)
+    assert env_name("online_result_expires_s") == "VELA2_ONLINE_RESULT_EXPIRES_S"
+    s = WorkerSettings.from_env({"VELA2_ONLINE_RESULT_EXPIRES_S": "120", "VELA2_RESULT_EXPIRES_S": "7200"})
+    assert (s.online_result_expires_s, s.result_expires_s) == (120, 7_200)
+    s.validate()
+    WorkerSettings(result_expires_s=60).validate()  # the default online TTL is cut to it (vela2.wire.results)
+    for bad in (0, -1):
+        with pytest.raises(ConfigError, match=f"online_result_expires_s must be >= 1; got {bad}"):
+            WorkerSettings(online_result_expires_s=bad).validate()
+    with pytest.raises(ConfigError, match="VELA2_ONLINE_RESULT_EXPIRES_S must be an integer; got '1h'"):
+        WorkerSettings.from_env({"VELA2_ONLINE_RESULT_EXPIRES_S": "1h"})
+    ap = argparse.ArgumentParser()
+    worker_settings.add_arguments(ap)
+    args = ap.parse_args(["--online-result-expires-s", "90"])
+    assert worker_settings.from_arguments(args).online_result_expires_s == 90
+
+
 def test_every_setting_has_one_env_name_and_one_flag():
     names = [spec.name for spec in specs()]
     assert len(names) == len(set(names))  # engine knobs and process knobs never share a name

@@ -13,6 +13,7 @@ from producer.testing import FAKE_META_KEY, FakeWorker
 from tests.unit.producer.testing.test_fake_worker import MODEL, QUEUE, ROW, S1, _meta
 from vela2.wire import keys
 from vela2.wire.messages import build_message
+from vela2.wire.results import DEFAULT_ONLINE_RESULT_EXPIRES_S
 
 
 def _comparable(meta: dict) -> dict:
@@ -42,7 +43,8 @@ def _assert_close(a, b, path="meta"):
 
 def test_the_fake_worker_stores_what_the_real_worker_stores(redis_url, real_worker, demo_dir, vela2_redis):
     """The same requests through a real worker process and through FakeWorker(answer="model") on the
-    same checkpoint: every stored meta the same, key for key (numbers within float noise)."""
+    same checkpoint: every stored meta the same, key for key (numbers within float noise), with the
+    same TTL (online_result_expires_s: none of them is a bulk job's line)."""
     rows = [ROW, {**ROW, "id": "r-2", "text": "Paris is in France.", "units": True,
                   "task": "span:pii", "questions": [{"labels": ["person", "place"]}]}]
     bad = [{**ROW, "id": "bad-row", "questions": [{"options": ["one"]}]}, {**S1, "id": "bad-model", "model": "other"},
@@ -70,6 +72,8 @@ def test_the_fake_worker_stores_what_the_real_worker_stores(redis_url, real_work
         want, got = _meta(real.redis, rid), _meta(fake.redis, rid)
         assert got[FAKE_META_KEY] == "model" and FAKE_META_KEY not in want
         _assert_close(_comparable(got), _comparable(want), rid)
+        ttls = [c.redis.ttl(keys.result_key(rid)) for c in (real, fake)]
+        assert all(3_000 < t <= DEFAULT_ONLINE_RESULT_EXPIRES_S for t in ttls), (rid, ttls)
     real.close()
 
 

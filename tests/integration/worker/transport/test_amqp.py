@@ -15,6 +15,7 @@ from stack.faults import CRASH_EXIT, Faults
 from tests.unit.worker.transport.test_amqp import BACKFILL, MODEL, ONLINE, ours, row
 from vela2.api.schemas import Status
 from vela2.wire.keys import AMQP_QUEUE_ARGUMENTS, attempts_key, dead_letter, result_key
+from vela2.wire.results import meta_row
 from worker.obs.metrics import AmqpQueueDepthCollector
 
 
@@ -83,7 +84,7 @@ def test_a_killed_workers_messages_are_redelivered_at_once(redis_url, amqp_url, 
     got = client.results_many(ids, timeout_s=90)
     assert all(v is not None and v.status == Status.ok for v in got.values()), w2.log()[-3000:]
     raw = client.redis.mget([result_key(k) for k in by_w1])
-    assert [json.loads(r)["vela2"] for r in raw] == list(by_w1.values())  # redelivered, answer kept
+    assert [meta_row(json.loads(r)) for r in raw] == list(by_w1.values())  # redelivered, answer kept
     assert w2.terminate() == 0
     client.close()
 

@@ -114,6 +114,25 @@ def test_write_once_chunks_duplicates_expiry_and_ttl(vela2_client, vela2_fake_wo
     assert vela2_client.status("late") == "answered"
 
 
+@pytest.mark.vela2(thread=False, result_expires_s=600, online_result_expires_s=60)
+def test_online_results_live_the_online_ttl_and_a_jobs_lines_the_jobs_as_on_the_worker(vela2_client,
+                                                                                       vela2_fake_worker):
+    from producer.jobs import job_lines, submit_job
+
+    redis = vela2_client.redis
+    vela2_client.submit({**ROW, "id": "on-1"})
+    vela2_client.submit({**ROW, "id": "bf-1"}, backfill=True)
+    job = submit_job(vela2_client, [json.dumps({**ROW, "id": "line-row"}).encode() + b"\n"])
+    vela2_fake_worker.drain()
+    line = f"{job.id}#0"
+    assert 0 < redis.ttl(keys.result_key("on-1")) <= 60 and 0 < redis.ttl(keys.result_key("bf-1")) <= 60
+    assert 60 < redis.ttl(keys.result_key(line)) <= 600
+    assert 86_400 < redis.ttl(keys.submitted_key("on-1")) <= 86_460  # the answered marker: the result's + a day
+    assert [(line["id"], ok) for line, ok in job_lines(vela2_client, job.id)] == [("line-row", True)]
+    redis.delete(keys.result_key("on-1"))  # expired: the marker says so
+    assert vela2_client.status("on-1") == "expired"
+
+
 @pytest.mark.vela2(thread=False)
 def test_queue_items_that_are_no_message_are_answered_or_dead_lettered(vela2_client, vela2_fake_worker):
     redis = vela2_client.redis

@@ -18,7 +18,7 @@ import pytest
 from vela2.api.schemas import Answer, RowResult, Status, parse_row
 from vela2.model.calibration import Calibration
 from vela2.wire.jobs import JOB_FIELDS, parse_job, request_wire_id
-from vela2.wire.keys import attempts_key, cancel_key, job_key, result_key
+from vela2.wire.keys import attempts_key, cancel_key, job_key, result_key, submitted_key
 from vela2.wire.messages import build_message
 from vela2.wire.results import ResultStore, read_results, row_meta
 from worker.engine.loop import Engine
@@ -282,7 +282,7 @@ def test_a_system_one_request_is_answered_with_its_answer_and_row_result(redis):
     engine.stop(5)
     meta = json.loads(redis.get(result_key("s1")))
     assert meta["status"] == "SUCCESS" and set(meta["result"]["tasks"]) == {"intent", "pii"}
-    assert meta["vela2"]["status"] == "ok" and meta["vela2_answer"] == meta["result"]
+    assert meta["vela2"]["status"] == "ok" and "vela2_answer" not in meta  # `result` is the answer, once
     bad = json.loads(redis.get(result_key("s1-wrong")))
     assert bad["status"] == "FAILURE" and bad["result"]["exc_type"] == "ModelMismatch"
     assert bad["vela2_answer"]["error"]["type"] == "model_mismatch"
@@ -728,6 +728,27 @@ def test_a_cancelled_request_is_answered_cancelled_never_rendered_nor_run_and_it
     assert info.status == "cancelled" and info.counts == {"queued": 0, "ok": 1, "error": 0, "expired": 0,
                                                           "cancelled": 3}
     assert engine.stats.results["cancelled"] == 3 and "cancelled 3" in engine.stats.summary()
+
+
+def test_a_job_lines_result_lives_the_jobs_ttl_any_other_the_online_ttl(redis):
+    settings = EngineSettings(max_batch_tokens=1024, max_wait_ms=5.0)
+    store = ResultStore(redis, ttl_s=600, online_ttl_s=60, expired_marker_s=1_000)
+    engine = Engine(SimpleNamespace(name="fake", calibration=Calibration()), store, settings, pipeline=FakePipeline())
+    engine.start()
+    broker = Broker(redis)
+    job = "batch_t"
+    redis.hset(job_key(job), mapping={"id": job, "model": "m", "input": "done", "total": 1, "ok": 0})
+    line = request_wire_id(job, 0)
+    for rid in (line, "online-1"):
+        redis.set(submitted_key(rid), "vela2.m x", ex=86_400)
+    engine.submit(broker.delivery([row(line)], chunk=True, headers={"vela2_job": job}))
+    engine.submit(broker.delivery([row("online-1")]))
+    broker.wait(2)
+    engine.stop(5)
+    assert 60 < redis.ttl(result_key(line)) <= 600 and 0 < redis.ttl(result_key("online-1")) <= 60
+    # the "answered" marker outlives its result by expired_marker_s, whichever TTL the result got
+    assert 1_060 < redis.ttl(submitted_key(line)) <= 1_600 and 1_000 < redis.ttl(submitted_key("online-1")) <= 1_060
+    assert redis.hget(job_key(job), "ok") == b"1"
 
 
 def test_a_job_header_naming_another_job_moves_no_counter(redis):

@@ -1,4 +1,5 @@
-"""Stored results: Celery's meta layout, write-once with PUBLISH, readers in one round trip."""
+"""Stored results: Celery's meta layout (nothing stored twice; the older layout still read), write-once
+with PUBLISH, a TTL per kind (online, a bulk job's line), readers in one round trip."""
 
 from __future__ import annotations
 
@@ -11,8 +12,24 @@ from celery import Celery
 
 from vela2.api.schemas import RowResult, Status, error_result, expired_result
 from vela2.errors import InvalidRequest
-from vela2.wire.keys import result_key
-from vela2.wire.results import ResultStore, chunk_meta, exc_type_name, read_answers, read_results, row_meta
+from vela2.wire.keys import job_key, result_key, submitted_key
+from vela2.wire.results import (
+    META_ROW_LUA,
+    ResultStore,
+    chunk_meta,
+    encode_meta,
+    exc_type_name,
+    meta_answer,
+    meta_row,
+    parse_answer,
+    parse_meta,
+    read_answers,
+    read_results,
+    row_meta,
+    split_state,
+    state_keys,
+    state_of,
+)
 
 
 class CountingRedis(fakeredis.FakeRedis):
@@ -55,11 +72,26 @@ def ok_result(rid: str) -> RowResult:
     )
 
 
-def test_success_meta_is_celery_layout_with_the_row_result():
+def old_row_meta(task_id: str, res: RowResult, answer: dict | None = None, digest: str | None = None) -> dict:
+    """The layout an older worker wrote (`vela2` on every result, `vela2_answer` beside a SystemOne
+    SUCCESS too): results it stored stay readable for their TTL."""
+    meta = row_meta(task_id, res, answer, digest)
+    meta["vela2"] = res.to_json_dict()
+    if answer is not None:
+        meta["vela2_answer"] = answer
+    if meta["status"] == "SUCCESS":
+        meta["result"] = answer if answer is not None else res.to_json_dict()
+    return meta
+
+
+S1_ANSWER = {"id": "s1", "status": "ok", "tasks": {"intent": {"kind": "choice", "decision": "greet"}}}
+
+
+def test_success_meta_is_celery_layout_with_the_row_result_once():
     meta = row_meta("r1", ok_result("r1"))
-    assert set(meta) == {"status", "result", "traceback", "children", "date_done", "task_id", "vela2"}
+    assert set(meta) == {"status", "result", "traceback", "children", "date_done", "task_id"}
     assert meta["status"] == "SUCCESS" and meta["task_id"] == "r1" and meta["children"] == []
-    assert meta["result"] == meta["vela2"] == ok_result("r1").to_json_dict()
+    assert meta["result"] == ok_result("r1").to_json_dict() == meta_row(meta) == meta_answer(meta)
     backend = Celery(backend="cache+memory://").backend
     decoded = backend.meta_from_decoded(backend.decode_result(json.dumps(meta)))
     assert decoded["status"] == "SUCCESS" and decoded["result"]["answers"][0]["decision"] == "yes"
@@ -77,7 +109,70 @@ def test_failure_meta_raises_a_readable_exception_in_celery():
 
 def test_expired_is_a_success_carrying_the_expired_row():
     meta = row_meta("r3", expired_result("r3", None, "deadline passed"))
-    assert meta["status"] == "SUCCESS" and meta["vela2"]["status"] == "expired"
+    assert meta["status"] == "SUCCESS" and meta["result"]["status"] == "expired" and "vela2" not in meta
+    assert meta_row(meta)["status"] == "expired"
+
+
+def test_a_systemone_success_stores_the_answer_as_result_and_the_row_beside_it_once():
+    res = ok_result("s1")
+    meta = row_meta("s1", res, S1_ANSWER, digest="d")
+    assert meta["result"] == S1_ANSWER and meta["vela2"] == res.to_json_dict() and "vela2_answer" not in meta
+    assert meta["vela2_digest"] == "d"
+    assert meta_row(meta) == res.to_json_dict() and meta_answer(meta) == S1_ANSWER
+    backend = Celery(backend="cache+memory://").backend  # AsyncResult(id).get() is the answer, as before
+    assert backend.meta_from_decoded(backend.decode_result(json.dumps(meta)))["result"] == S1_ANSWER
+    failed = row_meta("s2", error_result("s2", None, InvalidRequest("bad")), {**S1_ANSWER, "status": "error"})
+    assert failed["status"] == "FAILURE" and failed["result"]["exc_type"] == "InvalidRequest"
+    assert failed["vela2"]["error"]["type"] == "invalid_request" and failed["vela2_answer"]["status"] == "error"
+    assert meta_answer(failed) == {**S1_ANSWER, "status": "error"} and meta_row(failed) == failed["vela2"]
+
+
+def test_a_short_success_is_smaller_than_before_and_holds_its_row_once():
+    res = RowResult.model_validate({
+        "id": "short-1", "task": "choice:sentiment", "status": "ok",
+        "answers": [{"question": 0, "task": "choice:sentiment", "decision": "positive",
+                     "probs": {"positive": 0.8731, "neutral": 0.0942, "negative": 0.0327}}],
+        "timings": {"queue_ms": 1.25, "render_ms": 0.31, "model_ms": 4.07, "decode_ms": 0.12}})
+    now = encode_meta(row_meta("short-1", res, digest="0" * 64))
+    before = encode_meta(old_row_meta("short-1", res, digest="0" * 64))
+    assert now.count(b"0.8731") == 1 and before.count(b"0.8731") == 2
+    assert len(before) - len(now) == len(b',"vela2":') + len(encode_meta(res.to_json_dict()))  # the copy, saved
+    assert json.loads(now)["result"] == res.to_json_dict()
+
+
+@pytest.mark.parametrize("layout", ["now", "older"])
+def test_every_reader_reads_both_layouts(redis, layout):
+    make = row_meta if layout == "now" else old_row_meta
+    bad = error_result("bad", "choice:boolq", InvalidRequest("text is empty"))
+    metas = {"ok": make("ok", ok_result("ok")), "s1": make("s1", ok_result("s1"), S1_ANSWER),
+             "bad": make("bad", bad), "gone": make("gone", expired_result("gone", None, "deadline passed"))}
+    for rid, meta in metas.items():
+        redis.set(result_key(rid), encode_meta(meta))
+    redis.set(result_key("chunk-1"), encode_meta(chunk_meta("chunk-1", {"ok": 3})))
+    rows = read_results(redis, [*metas, "chunk-1"])
+    assert rows["ok"] == ok_result("ok") and rows["s1"] == ok_result("s1") and rows["chunk-1"] is None
+    assert rows["bad"].error.type == "invalid_request" and rows["gone"].status == Status.expired
+    answers = read_answers(redis, [*metas, "chunk-1"])
+    assert answers["ok"] == ok_result("ok").to_json_dict() and answers["s1"] == S1_ANSWER
+    assert answers["bad"]["error"]["message"] == "text is empty" and answers["chunk-1"] is None
+    assert parse_meta(redis.get(result_key("s1"))) == ok_result("s1")
+    assert parse_answer(redis.get(result_key("s1"))) == S1_ANSWER
+    # a Lua reader (vela2 backfill's DROP_FAILED_SCRIPT): the same row
+    status = META_ROW_LUA + """
+local row = meta_row(cjson.decode(redis.call('GET', KEYS[1])))
+if row then return row['status'] end
+return 'none'
+"""
+    got = {rid: redis.eval(status, 1, result_key(rid)).decode() for rid in [*metas, "chunk-1"]}
+    assert got == {"ok": "ok", "s1": "ok", "bad": "error", "gone": "expired", "chunk-1": "none"}
+    # the store counts a job's line by the row's status (and model), read the same way
+    store = ResultStore(redis)
+    job = "batch_l"
+    redis.hset(job_key(job), mapping={"id": job, "input": "reading", "total": 9})
+    lines = [(f"{job}#{i}", make(f"{job}#{i}", r, a)) for i, (r, a) in
+             enumerate([(ok_result("x"), None), (ok_result("y"), S1_ANSWER), (bad, None)])]
+    assert store.store(lines, jobs=[job] * 3) == [True] * 3
+    assert redis.hget(job_key(job), "ok") == b"2" and redis.hget(job_key(job), "error") == b"1"
 
 
 @pytest.mark.parametrize(
@@ -137,7 +232,6 @@ def test_existing_and_readers_take_one_round_trip_each(redis):
 
 
 def test_the_submitted_marker_becomes_an_answered_tombstone_that_outlives_the_result(redis):
-    from vela2.wire.keys import submitted_key
     from vela2.wire.results import ANSWERED, marker_says_answered
 
     redis.set(submitted_key("tracked"), "vela2.m", ex=86_400)
@@ -151,6 +245,22 @@ def test_the_submitted_marker_becomes_an_answered_tombstone_that_outlives_the_re
     redis.set(submitted_key("tracked"), "vela2.m")  # a second answer neither writes nor touches the marker
     assert store.store([("tracked", row_meta("tracked", ok_result("tracked")))]) == [False]
     assert not marker_says_answered(redis.get(submitted_key("tracked")))
+
+
+def test_an_online_result_lives_the_online_ttl_a_job_lines_the_jobs_and_each_marker_outlives_its_result(redis):
+    store = ResultStore(redis, ttl_s=3_000, online_ttl_s=100, expired_marker_s=500)
+    for rid in ("online", "batch_k#0"):
+        redis.set(submitted_key(rid), "vela2.m x", ex=86_400)
+    items = [("online", row_meta("online", ok_result("online"))), ("batch_k#0", row_meta("batch_k#0", ok_result("l")))]
+    assert store.store(items, jobs=[None, "batch_k"]) == [True, True]
+    assert 0 < redis.ttl(result_key("online")) <= 100 and 2_900 < redis.ttl(result_key("batch_k#0")) <= 3_000
+    assert 500 < redis.ttl(submitted_key("online")) <= 600 and 3_400 < redis.ttl(submitted_key("batch_k#0")) <= 3_500
+    assert store.ttl_of(None) == 100 and store.ttl_of("batch_k") == 3_000
+    assert ResultStore(redis, ttl_s=60, online_ttl_s=3_600).ttl_of(None) == 60  # never longer than the jobs'
+    assert ResultStore(redis).ttl_of(None) == 3_600 and ResultStore(redis).ttl_of("j") == 86_400  # the defaults
+    redis.delete(result_key("online"))  # the result expired: a reader finds the marker alone
+    got = split_state(["online"], redis.mget(state_keys(["online"])))
+    assert state_of(*got["online"]) == "expired"
 
 
 def test_one_item_that_cannot_be_stored_never_stops_the_others(redis):
