@@ -208,7 +208,7 @@ def test_bad_checkpoint_and_missing_input(tmp_path, demo_dir, capsys):
 def test_the_packages_register_their_subcommands(capsys):
     from vela2.cli import plugins
 
-    assert set(plugins()) == {"worker", "backfill", "jobs", "http", "status", "demo", "parity", "loadtest"}
+    assert set(plugins()) == {"worker", "backfill", "jobs", "http", "status", "cells", "demo", "parity", "loadtest"}
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0
