@@ -41,7 +41,9 @@ from vela2.wire.messages import deadline_to_expires
 from vela2.wire.results import State
 
 CONNECT_TIMEOUT_S = 2.0  # a cell whose Redis does not accept a connection this fast counts as down
-DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)  # what "a cell is down" raises
+# What "a cell is down" raises: redis-py's connection and socket-timeout errors. Not OSError: a wait's
+# own TimeoutError (an OSError) is the caller's answer, never a cell that is down.
+DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 def _map(cells: CellMap | str | Path) -> CellMap:

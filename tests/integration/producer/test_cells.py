@@ -58,6 +58,13 @@ def test_each_request_is_queued_and_answered_in_its_ids_cell_only(cells):
                 assert held[k] == {i for i in ids if client.map.cell_of(i) == k}
             assert client.result("r-7", timeout_s=5).id == "r-7" and client.status("r-7") == "answered"
             assert client.ping() == {"a": True, "b": True}
+            for w in workers:
+                w.pause()
+            late = client.submit(row("late"))
+            with pytest.raises(TimeoutError) as waited:  # a wait that runs out is a timeout, not a cell down
+                client.result(late, timeout_s=0.2)
+            assert not isinstance(waited.value, CellUnavailable)
+            assert client.results_many([late], timeout_s=0.2) == {late: None}
     finally:
         for w in workers:
             w.stop()
