@@ -56,12 +56,6 @@ class _Routing:
     map: CellMap
     scope: Scope
 
-    def _groups(self, wire_ids: Iterable[str]) -> dict[int, list[str]]:
-        return self.map.group(wire_ids)
-
-    def _name(self, index: int) -> str:
-        return self.map.cells[index].name
-
     def _down(self, failed: dict[int, BaseException], ids_of: dict[int, list[str]],
               done: dict[str, Any] | None = None) -> CellUnavailable:
         """One CellUnavailable for every cell in `failed` (named: the first; ids: all theirs)."""

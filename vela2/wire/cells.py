@@ -102,13 +102,6 @@ class CellMap:
             raise ConfigError("a cell map names at least one cell")
         return cls(cells, tuple(slot * len(cells) // SLOTS for slot in range(SLOTS)))
 
-    def index(self, name: str) -> int:
-        """The position of the cell named `name`; ConfigError for a name the map does not have."""
-        try:
-            return self._index[name]
-        except KeyError:
-            raise ConfigError(f"no cell named {name!r}; the cells are {', '.join(self._index)}") from None
-
     def cell_of(self, wire_id: str) -> int:
         """The index of the cell that holds `wire_id` (a request id as it travels, or a job id) now."""
         return self.owner[slot_of(wire_id)]
@@ -121,13 +114,6 @@ class CellMap:
         slot = slot_of(wire_id)
         before = self.previous[slot]
         return before if before != self.owner[slot] else None
-
-    def group(self, wire_ids: Iterable[str]) -> dict[int, list[str]]:
-        """Cell index -> the ids it holds now (in the order given)."""
-        out: dict[int, list[str]] = {}
-        for wid in wire_ids:
-            out.setdefault(self.cell_of(wid), []).append(wid)
-        return out
 
     def share(self, index: int) -> float:
         """The share of slots (of new traffic) cell `index` holds."""
