@@ -21,7 +21,6 @@ second over each backlog arm (the price of B's latency).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -33,7 +32,8 @@ from typing import Any
 
 import redis as redis_lib
 
-from bench.queue_bench import bench_redis, cpu_checkpoint, machine_info
+from bench.queue_bench import bench_redis, cpu_checkpoint
+from bench.report import header, write_report
 from producer.client import Client
 from producer.loadtest.openloop import Plan, Target, run_point
 from producer.loadtest.report import summarize
@@ -173,14 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vela2-bench"))
     ap.add_argument("--out", default="bench/results/cpu-fairness.json")
     args = ap.parse_args(argv)
-    report: dict[str, Any] = {"command": "python -m bench.fairness " + " ".join(argv), "machine": machine_info(),
-                              "cpu_count": os.cpu_count(),
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    report = header("bench.fairness", argv)
     with tempfile.TemporaryDirectory(prefix="vela2-fairness-") as tmp:
         report.update(run(args, Path(tmp)))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    log.info("wrote %s", args.out)
+    write_report(report, args.out)
     return 0
 
 

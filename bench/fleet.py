@@ -441,25 +441,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aof", action="store_true", help="AOF on, appendfsync everysec (default: no persistence)")
     ap.add_argument("--out", default="bench/results/fleet.json")
     args = ap.parse_args(argv)
-    from bench.queue_bench import machine_info
+    from bench.report import git_commit, header, write_report
     from stack.harness import find_redis_server
 
     signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: the finally blocks stop every process group
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
     found = find_redis_server()
     version = subprocess.run([found[0], "--version"], capture_output=True, text=True, env=found[1]).stdout.strip() \
         if found else None
-    report: dict[str, Any] = {
-        "command": "python -m bench.fleet " + " ".join(argv), "machine": machine_info(),
-        "cpu_count": os.cpu_count(), "commit": commit, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    report = header("bench.fleet", argv, commit=git_commit(ROOT))
+    report.update({
         "redis": {"server": version,
                   "persistence": "AOF, appendfsync everysec" if args.aof else "none (no RDB, no AOF)"},
         "settings": {"workers_per_cell": args.workers_per_cell, "producers_per_cell": args.producers_per_cell,
                      "seconds": args.seconds, "warmup_s": args.warmup_s, "batch": args.batch,
                      "chunk_size": args.chunk_size, "model": MODEL, "answer": "stub (producer.testing.FakeWorker)"},
         "goals": {str(n): f">= {g}x requests/s of one cell" for n, g in GOALS.items()},
-    }
+    })
     runs: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="vela2-fleet-") as tmp:
         for n in args.cells:
@@ -468,9 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update(summary(runs))
     report["bound_by"] = {str(n): r["bound_by"] for n, r in runs.items()}
     report["lost"] = sum(r["lost"] for r in runs.values())
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    log.info("wrote %s", args.out)
+    write_report(report, args.out, ensure_ascii=False)
     return 0 if report["lost"] == 0 else 1
 
 

@@ -44,7 +44,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -56,7 +55,8 @@ from typing import Any
 import httpx
 import redis as redis_lib
 
-from bench.queue_bench import bench_redis, cpu_checkpoint, machine_info, short_rows
+from bench.queue_bench import bench_redis, cpu_checkpoint, short_rows
+from bench.report import git_commit, header, write_report
 from producer.client import Client
 from producer.jobs import job_info, submit_job
 from stack.harness import WorkerProcess, start_route
@@ -342,15 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.n_job = args.n if args.n_job is None else args.n_job
     args.n_http = args.n if args.n_http is None else args.n_http
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
-    report: dict[str, Any] = {"command": "python -m bench.redis_cost " + " ".join(argv), "machine": machine_info(),
-                              "cpu_count": os.cpu_count(), "commit": commit,
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    report = header("bench.redis_cost", argv, commit=git_commit())
     with tempfile.TemporaryDirectory(prefix="vela2-redis-cost-") as tmp:
         report.update(run(args, Path(tmp)))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    log.info("wrote %s", args.out)
+    write_report(report, args.out)
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import tempfile
 import threading
@@ -27,7 +26,8 @@ from typing import Any
 
 import httpx
 
-from bench.queue_bench import bench_redis, machine_info
+from bench.queue_bench import bench_redis
+from bench.report import header, write_report
 from producer.loadtest.openloop import Plan, Target, run_point
 from producer.loadtest.report import summarize
 from producer.testing.fake_worker import FakeWorker
@@ -102,14 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", default=None, help="a checkout whose route is measured the same way")
     ap.add_argument("--out", default="bench/results/cpu-upload-isolation.json")
     args = ap.parse_args(argv)
-    report: dict[str, Any] = {"command": "python -m bench.upload_isolation " + " ".join(argv),
-                              "machine": machine_info(), "cpu_count": os.cpu_count(),
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    report = header("bench.upload_isolation", argv)
     with tempfile.TemporaryDirectory(prefix="vela2-uploads-") as tmp:
         report.update(run(args, Path(tmp)))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    log.info("wrote %s", args.out)
+    write_report(report, args.out)
     return 0
 
 
