@@ -37,7 +37,7 @@ from vela2.errors import CellUnavailable
 from vela2.wire.cells import CellMap, load_cells
 from vela2.wire.connections import async_redis_client, redis_client
 from vela2.wire.keys import queue_name
-from vela2.wire.messages import deadline_to_expires
+from vela2.wire.messages import Message, deadline_to_expires
 from vela2.wire.results import State
 
 CONNECT_TIMEOUT_S = 2.0  # a cell whose Redis does not accept a connection this fast counts as down
@@ -63,6 +63,22 @@ class _Routing:
         ids = [self.scope.caller(w) for i in sorted(failed) for w in ids_of.get(i, [])]
         names = ", ".join(str(self.map.cells[i]) for i in sorted(failed))
         return CellUnavailable(names, ids, failed[first], done)
+
+    def _plan(self, items: list[tuple[str, Any]], queue: str, chunk_size: int,
+              expires: datetime | None) -> tuple[dict[int, list[tuple[str, Any]]], dict[int, list[Message]]]:
+        """Prepared (wire id, request) items by cell, and each cell's messages (sizes checked here, first)."""
+        groups: dict[int, list[tuple[str, Any]]] = {}
+        for item in items:
+            groups.setdefault(self.map.cell_of(item[0]), []).append(item)
+        messages = {i: pack_messages(g, queue, chunk_size=chunk_size, expires=expires, tenant=self.scope.tenant)
+                    for i, g in groups.items()}
+        return groups, messages
+
+    def _not_queued(self, failed: dict[int, BaseException],
+                    groups: dict[int, list[tuple[str, Any]]]) -> CellUnavailable:
+        """The CellUnavailable of a submit: the failed cells' ids, and in `done["queued"]` the others'."""
+        queued = [self.scope.caller(w) for i, g in groups.items() if i not in failed for w, _ in g]
+        return self._down(failed, {i: [w for w, _ in g] for i, g in groups.items()}, {"queued": queued})
 
 
 class CellsClient(_Routing):
@@ -95,11 +111,7 @@ class CellsClient(_Routing):
     def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int, expires: datetime | None,
                 max_queued: int | None) -> None:
         """Claim every id in its cell (an IdConflict anywhere: nothing queued), then push per cell."""
-        groups: dict[int, list[tuple[str, Any]]] = {}
-        for item in items:
-            groups.setdefault(self.map.cell_of(item[0]), []).append(item)
-        messages = {i: pack_messages(g, queue, chunk_size=chunk_size, expires=expires, tenant=self.scope.tenant)
-                    for i, g in groups.items()}  # sizes first
+        groups, messages = self._plan(items, queue, chunk_size, expires)
         claims: dict[int, Claims] = {}
         failed: dict[int, BaseException] = {}
         try:
@@ -118,9 +130,7 @@ class CellsClient(_Routing):
             except DOWN as exc:
                 failed[i] = exc
         if failed:
-            raise self._down(failed, {i: [w for w, _ in g] for i, g in groups.items()},
-                             {"queued": [self.scope.caller(w) for i, g in groups.items() if i not in failed
-                                         for w, _ in g]})
+            raise self._not_queued(failed, groups)
 
     def submit(self, request: Any, *, backfill: bool = False, deadline_s: float | None = None, validate: bool = True,
                max_queued: int | None = None) -> str:
@@ -282,11 +292,7 @@ class AsyncCellsClient(_Routing):
     async def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int, expires: datetime | None,
                       max_queued: int | None) -> None:
         """CellsClient._submit, awaited: claims everywhere first, then pushes; the cells at once."""
-        groups: dict[int, list[tuple[str, Any]]] = {}
-        for item in items:
-            groups.setdefault(self.map.cell_of(item[0]), []).append(item)
-        messages = {i: pack_messages(g, queue, chunk_size=chunk_size, expires=expires, tenant=self.scope.tenant)
-                    for i, g in groups.items()}
+        groups, messages = self._plan(items, queue, chunk_size, expires)
         order = list(groups)
         got = await asyncio.gather(*(self.clients[i]._claim_checked(groups[i], queue) for i in order),
                                    return_exceptions=True)
@@ -306,9 +312,7 @@ class AsyncCellsClient(_Routing):
             elif isinstance(e, BaseException):
                 raise e
         if failed:
-            raise self._down(failed, {i: [w for w, _ in g] for i, g in groups.items()},
-                             {"queued": [self.scope.caller(w) for i, g in groups.items() if i not in failed
-                                         for w, _ in g]})
+            raise self._not_queued(failed, groups)
 
     async def submit(self, request: Any, *, backfill: bool = False, deadline_s: float | None = None,
                      validate: bool = True, max_queued: int | None = None) -> str:
