@@ -43,10 +43,13 @@ from producer.scope import Scope
 from producer.submitting import (
     Claims,
     cancel_commands,
+    check_claim_push,
     check_ttl,
     claim_commands,
+    claim_push_command,
     conflict_error,
     nothing_sent,
+    one_call,
     plan_submit,
     read_claims,
     refused_whole,
@@ -122,8 +125,12 @@ class _Poller:
     background task: with the raw stored meta, or with EXPIRED when the marker says "answered" but
     the result is gone."""
 
-    def __init__(self, redis: Any, min_s: float, max_s: float):
+    def __init__(self, redis: Any, min_s: float, max_s: float, subscriber: Any = None):
         self.redis = redis
+        # the client whose pool the result channels' subscription takes its connection from: a pool of
+        # its own where `redis`'s is bounded (the route), or the subscription could hold the last
+        # connection and starve the polls that find results stored before it subscribed
+        self.subscriber = redis if subscriber is None else subscriber
         self.min_s = min_s
         self.max_s = max_s
         self.polls = 0  # MGET round trips so far (tests read it)
@@ -182,7 +189,7 @@ class _Poller:
             return
         try:
             if self._pubsub is None:
-                self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+                self._pubsub = self.subscriber.pubsub(ignore_subscribe_messages=True)
             await self._pubsub.subscribe(*(result_key(rid) for rid in ids))
         except asyncio.CancelledError:
             raise
@@ -303,6 +310,8 @@ class AsyncClient:
         broker_url: str | None = None,
         broker: Any = None,
         wait_replicas: int = 0,
+        subscriber: Any = None,
+        poller: _Poller | None = None,
     ):
         self.wait_replicas = brokers.check_wait_replicas(wait_replicas, broker_url)  # as producer.Client's
         self._owns_redis = redis is None  # aclose closes only a connection pool this client made
@@ -319,14 +328,16 @@ class AsyncClient:
         self.scope = Scope(tenant)  # ids of a tenant never meet another's (producer.scope.Scope)
         tracing.configure("vela2-producer")  # only when OTEL_* variables ask for traces (vela2.wire.tracing)
         self._poll = (poll_min_s, poll_max_s)
-        self.poller = _Poller(self.redis, poll_min_s, poll_max_s)
+        self._owns_poller = poller is None  # aclose stops only a poller this client made
+        self.poller = _Poller(self.redis, poll_min_s, poll_max_s, subscriber) if poller is None else poller
 
     def with_tenant(self, tenant: str | None) -> AsyncClient:
-        """A client for `tenant` over this one's connection pool (its own poller; closing it leaves
-        the pool open)."""
+        """A client for `tenant` over this one's connection pool and result waits (one poller and one
+        subscription for every tenant: they wait on tenant-scoped ids); closing it leaves both open."""
         return AsyncClient(model=self.model, redis=self.redis, broker=self.broker, track_submitted=self.track_submitted,
                            submitted_ttl_s=self.submitted_ttl_s, poll_min_s=self._poll[0],
-                           poll_max_s=self._poll[1], tenant=tenant, wait_replicas=self.wait_replicas)
+                           poll_max_s=self._poll[1], tenant=tenant, wait_replicas=self.wait_replicas,
+                           poller=self.poller)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -350,8 +361,27 @@ class AsyncClient:
                       expires: datetime | None, max_queued: int | None = None) -> None:
         """Claim, then push (see producer.Client.claim and IdConflict)."""
         messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires, tenant=self.scope.tenant)
+        await self._submit_packed(items, messages, queue, chunk_size, expires, max_queued)
+
+    async def _submit_packed(self, items: list[tuple[str, Any]], messages: list[Message], queue: str,
+                             chunk_size: int, expires: datetime | None, max_queued: int | None) -> None:
+        """Submit prepared requests whose messages are packed (producer.Client._submit_packed)."""
+        if one_call(items, messages, self.broker, self.redis):  # one request: claim and push in one call
+            await self._claim_push(items[0], messages[0], max_queued)
+            return
         claims = await self._claim_checked(items, queue)
         await self._send(items, claims, messages, queue, chunk_size, expires, max_queued)
+
+    async def _claim_push(self, item: tuple[str, Any], message: Message, max_queued: int | None) -> None:
+        """Claim and queue one request in one round trip (producer.Client._claim_push)."""
+        pipe = self.redis.pipeline(transaction=False)
+        claim_push_command(pipe, item, message, self.submitted_ttl_s if self.track_submitted else None,
+                           self.wait_replicas, max_queued)
+        try:
+            replies = await scripts.execute_async(pipe)
+        except redis.exceptions.RedisError as exc:
+            raise (store_full(exc) or exc) from exc
+        check_claim_push(replies, self.scope.caller(item[0]), self.wait_replicas, max_queued)
 
     async def _claim_checked(self, items: list[tuple[str, Any]], queue: str) -> Claims:
         """Claim the ids (producer.Client._claim_checked): StoreFull, IdConflict (markers taken back)."""
@@ -496,8 +526,9 @@ class AsyncClient:
         return bool(await self.redis.ping())
 
     async def aclose(self) -> None:
-        """Stop the poller and release the connection pools (those this client made)."""
-        await self.poller.aclose()
+        """Stop the poller (one this client made) and release the connection pools (those it made)."""
+        if self._owns_poller:
+            await self.poller.aclose()
         if self._owns_redis:
             await self.redis.aclose()
         if self._owns_broker:

@@ -13,7 +13,10 @@ holds one JSON object per line::
 them: 429 (507 for stored_bytes) ``quota_exceeded``.
 ``share`` is optional (default 1): the tenant's weight in the workers' fair share (a tenant of share 2
 gets twice the messages and device tokens of one of share 1 while both wait; several keys of one
-tenant: the largest). Several keys may name one tenant (rotation; each key carries its own quotas). Make a key with
+tenant: the largest). ``webhook_secret`` is optional: the secret that signs the tenant's job webhooks
+(producer.webhooks; absent: the route's ``--webhook-secret``); ``webhook_url`` is optional: where the
+key's jobs' completion events go when a job names none. Several keys may name one tenant
+(rotation; each key carries its own quotas). Make a key with
 ``python -m producer.auth new TENANT [--models a,b]``: it prints the key once (give it to the
 caller) and the line to append to the keys file.
 """
@@ -49,6 +52,8 @@ class ApiKey:
     models: frozenset[str] | None = None
     quotas: Quotas | None = None  # the caller's limits (producer.quotas)
     share: float | None = None  # the tenant's weight in the fair share (None: 1)
+    webhook_secret: str | None = None  # signs its tenant's job webhooks (producer.webhooks; None: the route's)
+    webhook_url: str | None = None  # where its jobs' completion events go when a job names none
 
     def line(self) -> str:
         """Its keys-file line."""
@@ -59,6 +64,10 @@ class ApiKey:
             obj["quotas"] = self.quotas.to_dict()
         if self.share is not None:
             obj["share"] = self.share
+        if self.webhook_secret is not None:
+            obj["webhook_secret"] = self.webhook_secret
+        if self.webhook_url is not None:
+            obj["webhook_url"] = self.webhook_url
         return json.dumps(obj)
 
 
@@ -86,6 +95,14 @@ class KeyRing:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def webhook_secrets(self) -> dict[str, str]:
+        """Tenant -> the secret that signs its jobs' webhooks (the first of its keys that names one)."""
+        out: dict[str, str] = {}
+        for k in self.keys:
+            if k.webhook_secret is not None:
+                out.setdefault(k.tenant, k.webhook_secret)
+        return out
+
     def shares(self) -> dict[str, float | None]:
         """Each tenant's weight in the fair share: the largest its keys name (None: none names one)."""
         out: dict[str, float | None] = {}
@@ -108,9 +125,10 @@ class KeyRing:
                 obj = json.loads(line)
             except ValueError as e:
                 raise ConfigError(f"{where}: not JSON ({e})") from None
-            if not isinstance(obj, dict) or set(obj) - {"tenant", "sha256", "models", "quotas", "share"}:
-                raise ConfigError(f"{where}: an object with tenant, sha256 and optionally models, quotas and share "
-                                  "is expected")
+            if not isinstance(obj, dict) or set(obj) - {"tenant", "sha256", "models", "quotas", "share",
+                                                        "webhook_secret", "webhook_url"}:
+                raise ConfigError(f"{where}: an object with tenant, sha256 and optionally models, quotas, share, "
+                                  "webhook_secret and webhook_url is expected")
             tenant, digest, models = obj.get("tenant"), obj.get("sha256"), obj.get("models")
             if problem := tenant_problem(tenant):
                 raise ConfigError(f"{where}: {problem}")
@@ -123,8 +141,13 @@ class KeyRing:
             if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
                                       or not MIN_SHARE <= share <= MAX_SHARE):
                 raise ConfigError(f"{where}: share must be a number from {MIN_SHARE} to {MAX_SHARE:,}; got {share!r}")
+            secret, url = obj.get("webhook_secret"), obj.get("webhook_url")
+            if secret is not None and (not isinstance(secret, str) or len(secret) < 16):
+                raise ConfigError(f"{where}: webhook_secret must be a string of 16 characters or more (whsec_...)")
+            if url is not None and not isinstance(url, str):
+                raise ConfigError(f"{where}: webhook_url must be a URL string")
             keys.append(ApiKey(str(tenant), digest, frozenset(models) if models is not None else None, quotas,
-                               None if share is None else float(share)))
+                               None if share is None else float(share), secret, url))
         return cls(keys)
 
     @classmethod

@@ -84,14 +84,19 @@ class _Routing:
 class CellsClient(_Routing):
     """producer.Client over the cells of `cells` (a CellMap, or the path of its JSON file). The
     keywords are Client's (model, track_submitted, submitted_ttl_s, tenant, wait_replicas), applied
-    to every cell's client; each cell's broker is the one its map entry names."""
+    to every cell's client; each cell's broker is the one its map entry names. `clients`: one Client
+    per cell, in the map's order, made by the caller (over pools of its own) instead."""
 
-    def __init__(self, cells: CellMap | str | Path, *, model: str = DEFAULT_MODEL, **client_kw: Any):
+    def __init__(self, cells: CellMap | str | Path, *, model: str = DEFAULT_MODEL,
+                 clients: list[Client] | None = None, **client_kw: Any):
         self.map = _map(cells)
         self.model = model
-        self.clients = [Client(c.url, model=model, broker_url=c.broker_url,
-                               redis=redis_client(c.url, socket_connect_timeout=CONNECT_TIMEOUT_S), **client_kw)
-                        for c in self.map.cells]
+        self.clients = clients if clients is not None else [
+            Client(c.url, model=model, broker_url=c.broker_url,
+                   redis=redis_client(c.url, socket_connect_timeout=CONNECT_TIMEOUT_S), **client_kw)
+            for c in self.map.cells]
+        if len(self.clients) != len(self.map.cells):
+            raise ValueError(f"{len(self.clients)} clients for {len(self.map.cells)} cells")
         self.scope = self.clients[0].scope
 
     def __enter__(self) -> CellsClient:
@@ -110,8 +115,15 @@ class CellsClient(_Routing):
 
     def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int, expires: datetime | None,
                 max_queued: int | None) -> None:
-        """Claim every id in its cell (an IdConflict anywhere: nothing queued), then push per cell."""
+        """Claim every id in its cell (an IdConflict anywhere: nothing queued), then push per cell;
+        requests of one cell go as that cell's client sends them (one request: one round trip)."""
         groups, messages = self._plan(items, queue, chunk_size, expires)
+        if len(groups) == 1:
+            (i, group), = groups.items()
+            try:
+                return self.clients[i]._submit_packed(group, messages[i], queue, chunk_size, expires, max_queued)
+            except DOWN as exc:
+                raise self._not_queued({i: exc}, groups) from exc
         claims: dict[int, Claims] = {}
         failed: dict[int, BaseException] = {}
         try:
@@ -293,6 +305,13 @@ class AsyncCellsClient(_Routing):
                       max_queued: int | None) -> None:
         """CellsClient._submit, awaited: claims everywhere first, then pushes; the cells at once."""
         groups, messages = self._plan(items, queue, chunk_size, expires)
+        if len(groups) == 1:
+            (i, group), = groups.items()
+            try:
+                return await self.clients[i]._submit_packed(group, messages[i], queue, chunk_size, expires,
+                                                            max_queued)
+            except DOWN as exc:
+                raise self._not_queued({i: exc}, groups) from exc
         order = list(groups)
         got = await asyncio.gather(*(self.clients[i]._claim_checked(groups[i], queue) for i in order),
                                    return_exceptions=True)

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 
+from vela2.cli import Parser
 from vela2.errors import ConfigError
 from vela2.wire.cells import Cell, load_cells, save_cells
 from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url
@@ -24,7 +25,7 @@ from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url
 
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2 cells` arguments."""
-    ap = argparse.ArgumentParser(prog="vela2 cells", description=__doc__.splitlines()[0])
+    ap = Parser(prog="vela2 cells", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="action", required=True)
     s = sub.add_parser("show", help="each cell, its URL (password masked) and share of slots")
     s.add_argument("file")

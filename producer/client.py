@@ -50,10 +50,13 @@ from producer.scope import Scope
 from producer.submitting import (
     Claims,
     cancel_commands,
+    check_claim_push,
     check_ttl,
     claim_commands,
+    claim_push_command,
     conflict_error,
     nothing_sent,
+    one_call,
     plan_submit,
     read_claims,
     refused_whole,
@@ -165,8 +168,28 @@ class Client:
     def _submit(self, items: list[tuple[str, Any]], queue: str, chunk_size: int, expires: datetime | None,
                 max_queued: int | None = None) -> None:
         messages = pack_messages(items, queue, chunk_size=chunk_size, expires=expires, tenant=self.scope.tenant)
+        self._submit_packed(items, messages, queue, chunk_size, expires, max_queued)
+
+    def _submit_packed(self, items: list[tuple[str, Any]], messages: list[Message], queue: str, chunk_size: int,
+                       expires: datetime | None, max_queued: int | None) -> None:
+        """Submit prepared requests whose messages are packed (sizes checked): claim, then push."""
+        if one_call(items, messages, self.broker, self.redis):  # one request: claim and push in one call
+            self._claim_push(items[0], messages[0], max_queued)
+            return
         claims = self._claim_checked(items, queue)  # sizes first (above), then the ids
         self._send(items, claims, messages, queue, chunk_size, expires, max_queued)
+
+    def _claim_push(self, item: tuple[str, Any], message: Message, max_queued: int | None) -> None:
+        """Claim and queue one request in one round trip (CLAIM_PUSH). Nothing to take back on an
+        error: a conflict or a refusal writes nothing, a full Redis refuses the script's first write."""
+        pipe = self.redis.pipeline(transaction=False)
+        claim_push_command(pipe, item, message, self.submitted_ttl_s if self.track_submitted else None,
+                           self.wait_replicas, max_queued)
+        try:
+            replies = scripts.execute(pipe)
+        except redis.exceptions.RedisError as exc:
+            raise (store_full(exc) or exc) from exc
+        check_claim_push(replies, self.scope.caller(item[0]), self.wait_replicas, max_queued)
 
     def _claim_checked(self, items: list[tuple[str, Any]], queue: str) -> Claims:
         """`claim`, raising StoreFull for a full Redis and IdConflict (its own markers taken back)."""

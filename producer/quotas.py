@@ -26,11 +26,13 @@ anything is written: 429, or 507 for stored_bytes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from producer.cells import DOWN  # a Redis (cell) that did not answer
 from vela2.errors import ConfigError, QuotaExceeded
 from vela2.wire import usage
 from vela2.wire.keys import tenant_problem
@@ -175,19 +177,33 @@ class Usage:
 
     async def check(self, redis: Any, tenant: str, quotas: Quotas | None) -> None:
         """QuotaExceeded when `tenant`'s stored results hold its stored_bytes quota already (507), or
-        its requests were served more than its tokens_per_s over the last seconds (429)."""
+        its requests were served more than its tokens_per_s over the last seconds (429). `redis`: one
+        client, or a list of them (Redis cells: the usage of all summed; a cell that does not answer
+        is left out of the sum while another does, so it stalls no tenant's requests elsewhere)."""
         if quotas is None or (quotas.stored_bytes is None and quotas.tokens_per_s is None):
             return
         now = time.monotonic()
         seen = self._seen.get(tenant)
         if seen is None or now - seen[0] > USAGE_CACHE_S:
-            stored, tokens = await usage.read_async(redis, tenant)
+            stored, tokens = await _read_usage(redis if isinstance(redis, list) else [redis], tenant)
             seen = self._seen[tenant] = (now, stored, tokens)
         if quotas.stored_bytes is not None and seen[1] >= quotas.stored_bytes:
             raise QuotaExceeded("stored_bytes", quotas.stored_bytes, seen[1], retry_after_s=RETRY_STORED_S,
                                 status=507)
         if quotas.tokens_per_s is not None and seen[2] > quotas.tokens_per_s:
             raise QuotaExceeded("tokens_per_s", quotas.tokens_per_s, seen[2])
+
+
+async def _read_usage(redises: list[Any], tenant: str) -> tuple[int, int]:
+    """(stored bytes, tokens a second) of `tenant`, summed over `redises`; the first error when none answered."""
+    got = await asyncio.gather(*(usage.read_async(r, tenant) for r in redises), return_exceptions=True)
+    ok = [g for g in got if not isinstance(g, BaseException)]
+    if not ok:
+        raise next(g for g in got if isinstance(g, BaseException))
+    for g in got:
+        if isinstance(g, BaseException) and not isinstance(g, DOWN):
+            raise g
+    return sum(g[0] for g in ok), sum(g[1] for g in ok)
 
 
 def load_quotas_file(path: str | None) -> dict[str, Quotas]:

@@ -32,6 +32,7 @@ import redis
 
 from producer.client import DEFAULT_REDIS_URL
 from producer.quotas import QUOTA_PREFIX, job_lines_key, jobs_key
+from vela2.cli import Parser
 from vela2.wire import fleet, keys, usage
 from vela2.wire.cells import ENV_CELLS_FILE, CellMap, cells_file_from_env, load_cells
 from vela2.wire.connections import redis_client
@@ -167,7 +168,8 @@ def _text(value: Any) -> str:
 
 def render(status: dict[str, Any]) -> str:
     """The status as the screen `vela2 status` prints."""
-    lines = [f"cell {c['cell']} ({c['url']}): {c['slots_share']:.1%} of slots | "
+    lines = [f"reading {status['redis']}"] if "redis" in status else []
+    lines += [f"cell {c['cell']} ({c['url']}): {c['slots_share']:.1%} of slots | "
              + ("up" if c["up"] else f"DOWN: {c['error']} (its figures are missing below)")
              for c in status.get("cells", [])]
     if not status["models"]:
@@ -205,7 +207,7 @@ def render(status: dict[str, Any]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2 status` arguments."""
-    ap = argparse.ArgumentParser(prog="vela2 status", description=__doc__.splitlines()[0])
+    ap = Parser(prog="vela2 status", description=__doc__.splitlines()[0])
     add_url_arguments(ap, DEFAULT_REDIS_URL)
     ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
                     help=f"the workers' broker when it is not the Redis of --redis: another Redis, or RabbitMQ "
@@ -239,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # RabbitMQ refused or away (kombu raises socket errors)
         print(f"vela2 status: the broker at {mask_url(args.broker)} did not answer: {e}", file=sys.stderr)
         return EXIT_REDIS_UNAVAILABLE
+    status["redis"] = mask_url(url)  # which Redis this is (the default, 127.0.0.1:6379, unless given)
     print(json.dumps(status, indent=1) if args.json else render(status))
     return 0
 

@@ -16,11 +16,13 @@ from typing import Any
 
 import redis.exceptions
 
+from producer.brokers import check_replicated, wait_command
 from producer.prepare import pack_messages
 from vela2.errors import IdConflict, InvalidRequest, QuotaExceeded, StoreFull
 from vela2.wire.keys import cancel_key, result_key, submitted_key
 from vela2.wire.messages import Message, request_digest
 from vela2.wire.results import CLAIM, CLAIM_ANSWERED, CLAIM_CONFLICT, CLAIM_MARKED, claim_args
+from vela2.wire.taking import CLAIM_PUSH, push_keys
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,37 @@ def claim_commands(pipe: Any, items: list[tuple[str, Any]], queue: str, submitte
     for rid, obj in items:
         args = claim_args(request_digest(obj), queue if submitted_ttl_s is not None else None, submitted_ttl_s)
         CLAIM.queue(pipe, [submitted_key(rid), result_key(rid)], args)
+
+
+def one_call(items: list[tuple[str, Any]], messages: list[Message], broker: Any, redis: Any) -> bool:
+    """Whether a submission goes as one CLAIM_PUSH call: one request, in one message, queued on the
+    result store's own Redis (the claim and the push then run in one script, one round trip)."""
+    return len(items) == 1 and len(messages) == 1 and broker is redis
+
+
+def claim_push_command(pipe: Any, item: tuple[str, Any], message: Message, submitted_ttl_s: int | None,
+                       wait_replicas: int, max_queued: int | None) -> None:
+    """Add one request's CLAIM_PUSH call (vela2.wire.taking: the claim of claim_commands and the push
+    of producer.brokers.queue_commands in one script) to a (sync or asyncio) pipeline, then the WAIT
+    for `wait_replicas` replicas (when not 0); read the replies with `check_claim_push`."""
+    rid, obj = item
+    args = claim_args(request_digest(obj), message.queue if submitted_ttl_s is not None else None, submitted_ttl_s)
+    CLAIM_PUSH.queue(pipe, [submitted_key(rid), result_key(rid), *push_keys(message.queue, message.tenant)],
+                     [len(args), *args, message.tenant or "", max_queued or 0, 1, message.payload])
+    wait_command(pipe, wait_replicas)
+
+
+def check_claim_push(replies: list[Any], caller_id: str, wait_replicas: int, max_queued: int | None) -> None:
+    """Raise for the replies of `claim_push_command`: IdConflict (nothing written), QuotaExceeded
+    `queued` (nothing queued, the marker taken back), NotReplicated (queued on too few replicas)."""
+    code, refused = (int(x) for x in replies[0])
+    if code == CLAIM_CONFLICT:
+        raise conflict_error([caller_id])
+    if code == CLAIM_ANSWERED:
+        return
+    if refused:
+        raise QuotaExceeded("queued", max_queued or 0, refused)
+    check_replicated(replies, wait_replicas)
 
 
 def read_claims(items: list[tuple[str, Any]], replies: list[Any]) -> Claims:

@@ -9,7 +9,6 @@ and per-request timings printed, then a warm shutdown of the worker and Redis.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 
 from producer.client import Client
 from stack.harness import WorkerProcess, embedded_redis
+from vela2.cli import Parser
 from vela2.config import Vela2Config
 from vela2.wire.results import read_answers
 from vela2.wire.urls import ENV_BROKER_URL, mask_url
@@ -217,7 +217,7 @@ def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 40
 
 def main(argv: list[str]) -> int:
     """the main job: embedded Redis, a worker, sample requests of every kind, answers"""
-    ap = argparse.ArgumentParser(prog="vela2 demo", description=__doc__.split("\n")[0])
+    ap = Parser(prog="vela2 demo", description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", help="demo checkpoint to use (default: written to a temporary folder)")
     ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
                     help=f"queue on this broker (default ${ENV_BROKER_URL}; else the embedded Redis)")

@@ -284,15 +284,16 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start_route(redis_url: str, model: str, log_path: Path, *args: str, before: str | None = None,
+def start_route(redis_url: str | None, model: str, log_path: Path, *args: str, before: str | None = None,
                 timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
     """A `python -m producer.http.app` process for `model` on a free loopback port (`args` added: keys,
-    uploads...; `before`: the route of another checkout, that directory first on sys.path) and its
-    base URL once it answers; RuntimeError with the log's tail if it exits or does not answer first."""
+    uploads, --cells...; `redis_url` None: no --redis; `before`: the route of another checkout, that
+    directory first on sys.path) and its base URL once it answers; RuntimeError with the log's tail if
+    it exits or does not answer first."""
     import httpx
 
     port = free_port()
-    argv = ["--redis", redis_url, "--port", str(port), "--model", model, *args]
+    argv = [*(["--redis", redis_url] if redis_url is not None else []), "--port", str(port), "--model", model, *args]
     if before is None:
         cmd = [sys.executable, "-m", "producer.http.app", *argv]
     else:

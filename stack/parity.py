@@ -10,7 +10,6 @@ rendering mismatch.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import json
@@ -26,6 +25,7 @@ import numpy as np
 
 from producer.client import Client
 from stack.harness import WorkerProcess, embedded_redis
+from vela2.cli import Parser
 from vela2.config import DEFAULT_MAX_BATCH_TOKENS, PRECISIONS
 
 TYPES = ("choice", "score", "set", "span")
@@ -433,7 +433,7 @@ def parity_command(checkpoint: str, rows_path: str, *, json_path: str | None, re
 
 def main(argv: list[str]) -> int:
     """the seed-format parity report: worker vs predict(), bundled vs single, precisions, SystemOne"""
-    ap = argparse.ArgumentParser(prog="vela2 parity", description=__doc__.split("\n")[0])
+    ap = Parser(prog="vela2 parity", description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("rows", help="JSONL rows to compare on")
     ap.add_argument("--json", help="write the report as JSON too")

@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import json
 import logging
+import re
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -21,6 +22,41 @@ from vela2.config import DEFAULT_MAX_BATCH_TOKENS, PRECISIONS, default_precision
 from vela2.errors import InvalidRequest, Vela2Error
 
 PLUGIN_GROUP = "vela2.commands"
+
+
+SECRET_DEST = re.compile(r"secret|password|token|api_key", re.I)  # options whose default --help never shows
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that names each option's default (argparse's "(default: X)"), except where there is none
+    to tell (None, False), the help states it already, or it is a secret; a URL's password is masked
+    (a default may come from the environment)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not text or action.default in (None, False, argparse.SUPPRESS) or "%(default)" in text
+                or SECRET_DEST.search(action.dest)):
+            return text
+        if isinstance(action.default, str) and "://" in action.default:
+            from vela2.wire.urls import mask_url
+
+            return f"{text} (default: {mask_url(action.default).replace('%', '%%')})"
+        return super()._get_help_string(action) or text
+
+
+class Parser(argparse.ArgumentParser):
+    """The argument parser of every `vela2` command (the packages' too): defaults in `--help` (an
+    option given no help still lists its default); its subcommands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if action.help is None and action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            action.help = "default: %(default)s"
+        return action
 # The extra (pyproject.toml) that installs each optional top-level module: a command that misses one
 # says which extra to install, in one line, instead of a traceback.
 EXTRA_OF_MODULE = {
@@ -173,9 +209,12 @@ def _add_manifest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2` parser: the model library's subcommands, then one stub per plugin (it parses its own
     options, so the stub only lists it in `vela2 --help`)."""
-    p = argparse.ArgumentParser(prog="vela2", description="Vela 2 streaming scorer")
+    from vela2 import __version__
+
+    p = Parser(prog="vela2", description="Vela 2 streaming scorer")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub: Any = p.add_subparsers(dest="command", required=True)  # its parsers are Parsers
     for add in (_add_init_demo, _add_predict, _add_calibrate, _add_eval, _add_train, _add_import, _add_manifest):
         add(sub)
     for name, ep in sorted(plugins().items()):

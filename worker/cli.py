@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from vela2.cli import Parser
 from worker import settings as worker_settings
 
 
 def main(argv: list[str]) -> int:
     """the Celery GPU worker (one process per device)"""
-    ap = argparse.ArgumentParser(prog="vela2 worker", description=__doc__)
+    ap = Parser(prog="vela2 worker", description=__doc__)
     worker_settings.add_arguments(ap)
     ap.add_argument("--loglevel", default="INFO")
     args = ap.parse_args(argv)

@@ -96,8 +96,9 @@ class WorkerSettings:
                                            "read by their waiters within seconds); at most result_expires_s (a "
                                            "longer one is cut to it)")
     shutdown_timeout_s: float = setting(60.0, "warm shutdown: finish what is held within this, return the rest")
-    idle_wait_s: float = setting(1.0, "an idle worker waits on its model's doorbell (rung by every push of our "
-                                      "producers: those are taken at once) at most this long, then looks at every "
+    idle_wait_s: float = setting(1.0, "an idle worker waits on its model's doorbell (rung by our producers' "
+                                      "pushes onto an empty list: those are taken at once) at most this long, then "
+                                      "looks at every "
                                       "queue list: the longest a message pushed without it (plain Celery "
                                       "send_task, kombu's priority sub-lists) waits on an idle worker; 0.01-10")
     metrics_port: int = setting(0, "serve Prometheus metrics on this port; 0: off")
@@ -321,8 +322,9 @@ def to_env(values: Mapping[str, Any]) -> dict[str, str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting, default None (unset flags leave the environment's value)."""
     for spec in specs():
+        default = "" if spec.default is None else f"; default {spec.default}"
         parser.add_argument(spec.flag, dest=spec.name, type=_flag_parser(spec), choices=spec.choices, default=None,
-                            help=f"{spec.help} ({spec.env})")
+                            help=f"{spec.help} (${spec.env}{default})".replace("%", "%%"))
 
 
 def _flag_parser(spec: Spec) -> Any:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis.exceptions
 
-from producer.arguments import ENV_MODEL
+from producer.arguments import ENV_MODEL, cells_from_args
 from producer.backfill.output import RETRY_CHOICES
 from producer.backfill.run import (
     DEFAULT_CHUNK_SIZE,
@@ -29,7 +29,9 @@ from producer.backfill.run import (
 )
 from producer.backfill.window import DEFAULT_STALL_WARN_S
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
+from vela2.cli import Parser
 from vela2.errors import ConfigError, InvalidRequest, LimitExceeded
+from vela2.wire.cells import ENV_CELLS_FILE, cells_file_from_env
 from vela2.wire.urls import ENV_BROKER_URL, add_url_arguments, url_from_args
 
 log = logging.getLogger(__name__)
@@ -39,12 +41,15 @@ EXIT_REDIS_UNAVAILABLE = 3
 
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2 backfill` arguments (shared with the CLI)."""
-    ap = argparse.ArgumentParser(prog="vela2 backfill", description=__doc__.splitlines()[0])
+    ap = Parser(prog="vela2 backfill", description=__doc__.splitlines()[0])
     ap.add_argument("input", metavar="IN.jsonl", help="one row or SystemOne request per line")
     ap.add_argument("output", metavar="OUT.jsonl", help="results, one line per input id (appended; resumable)")
     add_url_arguments(ap, DEFAULT_REDIS_URL)
     ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
                     help=f"the workers' broker URL when it is not the Redis of --redis (default ${ENV_BROKER_URL})")
+    ap.add_argument("--cells", default=cells_file_from_env(), metavar="FILE",
+                    help=f"Redis cells (vela2.wire.cells; default ${ENV_CELLS_FILE}): each row queued and read in its "
+                    "id's cell; instead of --redis / --broker")
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="model name (its queues)")
     ap.add_argument("--wait-replicas", type=int, default=0, metavar="N",
                     help="each push returns once N replicas of the broker's Redis hold it (Redis WAIT; Sentinel)")
@@ -81,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_durations({name: getattr(args, name) for name in DURATIONS}, as_flags=True)
-        redis_url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv, log)
+        given = sys.argv[1:] if argv is None else argv
+        cells = cells_from_args(args, given)
+        redis_url = url_from_args(args.redis, args.redis_url_file, given, log)
         summary = run_backfill(
             args.input,
             args.output,
@@ -99,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             stall_warn_s=args.stall_warn_s,
             broker_url=args.broker,
             wait_replicas=args.wait_replicas,
+            cells=cells,
         )
     except (InvalidRequest, LimitExceeded, ConfigError) as e:
         print(f"vela2 backfill: {e}", file=sys.stderr)

@@ -16,8 +16,10 @@ from producer.backfill.output import LineWriter, scan_out, take_out_retries
 from producer.backfill.summary import BackfillSummary
 from producer.backfill.window import DEFAULT_STALL_WARN_S, BackfillRun
 from producer.brokers import check_wait_replicas
+from producer.cells import CellsClient
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client
-from vela2.errors import InvalidRequest
+from vela2.errors import ConfigError, InvalidRequest
+from vela2.wire.cells import CellMap, load_cells
 from vela2.wire.messages import deadline_to_expires
 from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url
 
@@ -79,6 +81,7 @@ def run_backfill(
     stall_warn_s: float = DEFAULT_STALL_WARN_S,
     broker_url: str | None = None,
     wait_replicas: int = 0,
+    cells: CellMap | str | Path | None = None,
 ) -> BackfillSummary:
     """Score every request of IN through the queue into OUT (see producer.backfill).
 
@@ -92,18 +95,21 @@ def run_backfill(
     while the queue does not shrink. `broker_url`: the workers' broker when it is not the Redis at
     `redis_url`. `wait_replicas`: each push returns only once this many replicas of the broker's Redis
     hold its messages (Client's `wait_replicas`; a push that reaches fewer is retried like a Redis
-    timeout). Returns the summary (also logged). A URL of the wrong scheme raises ConfigError
-    naming it (password masked) before anything is read.
+    timeout). `cells`: Redis cells (vela2.wire.cells: a CellMap or its file) instead of `redis_url` /
+    `broker_url`: each row is queued and read in its id's cell (a cell's outage is ridden out as one
+    Redis's, up to `redis_timeout_s`). Returns the summary (also logged). A URL of the wrong scheme
+    raises ConfigError naming it (password masked) before anything is read.
     """
     durations = dict(timeout_s=timeout_s, poll_s=poll_s, stall_warn_s=stall_warn_s, redis_timeout_s=redis_timeout_s)
-    check_arguments(redis_url if redis is None else None, broker_url, window=window, chunk_size=chunk_size,
-                    wait_replicas=wait_replicas, deadline_s=deadline_s, durations=durations)
+    cell_map = _checked(cells, redis_url if redis is None else None, broker_url, window=window, chunk_size=chunk_size,
+                        wait_replicas=wait_replicas, deadline_s=deadline_s, durations=durations)
     t0 = time.monotonic()
     retried = take_out_retries(out_path, retry) if retry else set()
     done, torn = scan_out(out_path)
     bar = _progress_bar(progress, in_path)
-    client = Client(redis_url, model=model, redis=redis, tenant=tenant, broker_url=broker_url,
-                    wait_replicas=wait_replicas)
+    client = (Client(redis_url, model=model, redis=redis, tenant=tenant, broker_url=broker_url,
+                     wait_replicas=wait_replicas) if cell_map is None
+              else CellsClient(cell_map, model=model, tenant=tenant, wait_replicas=wait_replicas))
     job = BackfillRun(
         client, LineWriter(out_path), window=window, chunk_size=chunk_size, timeout_s=timeout_s, deadline_s=deadline_s,
         poll_s=poll_s, bar=bar, redis_timeout_s=redis_timeout_s, stall_warn_s=stall_warn_s,
@@ -113,13 +119,33 @@ def run_backfill(
     try:
         job.run(in_path, done)
     finally:
-        job.writer.close()
-        bar.close()
-        if redis is None:
-            client.close()
-        job.summary.elapsed_s = time.monotonic() - t0
+        _close(job, bar, client if redis is None else None, t0)
     log.info("%s", job.summary.line())
     return job.summary
+
+
+def _close(job: BackfillRun, bar: Any, client: Client | CellsClient | None, t0: float) -> None:
+    """End a run, whatever stopped it: OUT and the bar closed, the client too when the run made it."""
+    job.writer.close()
+    bar.close()
+    if client is not None:
+        client.close()
+    job.summary.elapsed_s = time.monotonic() - t0
+
+
+def _checked(cells: CellMap | str | Path | None, redis_url: str | None, broker_url: str | None,
+             **kw: Any) -> CellMap | None:
+    """`check_arguments` of a run (over cells: each cell's broker; `redis_url` None: a ready client)
+    and its cells (None: one Redis)."""
+    if cells is None:
+        check_arguments(redis_url, broker_url, **kw)
+        return None
+    if redis_url is None:
+        raise ConfigError("give cells or a ready redis client, not both")
+    cell_map = cells if isinstance(cells, CellMap) else load_cells(cells)
+    for cell in cell_map.cells:
+        check_arguments(None, cell.broker_url, **kw)
+    return cell_map
 
 
 def check_arguments(redis_url: str | None, broker_url: str | None, *, window: int, chunk_size: int,

@@ -20,13 +20,14 @@ from producer.answers import result_expired_error
 from producer.backfill.lines import Pending, error_line, line_id, lost_line
 from producer.backfill.output import LineWriter
 from producer.backfill.summary import BackfillSummary
+from producer.cells import CellsClient
 from producer.client import Client
 from producer.prepare import pack_messages, prepare_request
 from producer.submitting import conflict_error
 from vela2.api.schemas import Status
 from vela2.api.systemone import is_system_one
 from vela2.config import LIMITS
-from vela2.errors import InvalidRequest, Vela2Error
+from vela2.errors import CellUnavailable, InvalidRequest, Vela2Error
 from vela2.wire import scripts, taking
 from vela2.wire.keys import HEARTBEAT_S, queue_name, result_key, workers_key
 from vela2.wire.messages import build_message, deadline_to_expires, decode_json
@@ -44,6 +45,7 @@ TRANSIENT_REDIS_ERRORS = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     redis.exceptions.BusyLoadingError,
+    CellUnavailable,  # over cells: a cell's outage is ridden out as one Redis's is
 )
 # Delete a stored answer that is not ok (KEYS[1] = its result key), so `--retry errors` scores the row
 # anew; an ok answer (or none) is left as it is (its row read as vela2.wire.results.meta_row reads it,
@@ -70,7 +72,7 @@ class BackfillRun:
 
     def __init__(
         self,
-        client: Client,
+        client: Client | CellsClient,
         writer: LineWriter,
         *,
         window: int,
@@ -139,6 +141,17 @@ class BackfillRun:
                 )
                 self.bar.set_postfix(in_flight=len(self.pending), refresh=True)
             return out
+
+    def _by_cell(self, items: list[Any]) -> list[tuple[Client, list[Any]]]:
+        """(client, its items) for each Redis the items' ids (item[0], as the caller names them) go
+        to: over cells each cell's client with its ids (vela2.wire.cells), else the one client."""
+        client = self.client
+        if not isinstance(client, CellsClient):
+            return [(client, items)]
+        groups: dict[int, list[Any]] = {}
+        for item in items:
+            groups.setdefault(client.map.cell_of(client.scope.wire(item[0])), []).append(item)
+        return [(client.clients[i], g) for i, g in groups.items()]
 
     # --- output -------------------------------------------------------------------------------
 
@@ -224,9 +237,11 @@ class BackfillRun:
         # An id that already names other content (answered or pending) gets an id_conflict error line,
         # never that other request's answer; the others are marked submitted here.
         scope = self.client.scope
-        claims = self._redis("checking ids", self.client.claim,
-                             scope.wire_items([(rid, obj) for rid, obj, _ in batch]), self.queue)
-        conflicts = {scope.caller(w) for w in claims.conflicts}
+        conflicts: set[str] = set()
+        for client, part in self._by_cell(batch):
+            claims = self._redis("checking ids", client.claim,
+                                 scope.wire_items([(rid, obj) for rid, obj, _ in part]), self.queue)
+            conflicts.update(scope.caller(w) for w in claims.conflicts)
         todo = []
         for rid, obj, pend in batch:
             state, answer = stored[rid]
@@ -244,14 +259,11 @@ class BackfillRun:
         while len(self.pending) + len(todo) > self.window:
             if not self.poll():
                 time.sleep(self.poll_s)
-        messages = pack_messages(
-            scope.wire_items([(rid, obj) for rid, obj, _ in todo]),
-            self.queue,
-            chunk_size=self.chunk_size,
-            expires=deadline_to_expires(self.deadline_s),
-            tenant=scope.tenant,
-        )
-        self._redis("queueing", self.client._push, messages)
+        for client, part in self._by_cell(todo):
+            messages = pack_messages(scope.wire_items([(rid, obj) for rid, obj, _ in part]), self.queue,
+                                     chunk_size=self.chunk_size, expires=deadline_to_expires(self.deadline_s),
+                                     tenant=scope.tenant)
+            self._redis("queueing", client._push, messages)
         now = self.clock()
         for rid, _, pend in todo:
             pend.submitted_at = now
@@ -261,10 +273,11 @@ class BackfillRun:
         self.bar.set_postfix(in_flight=len(self.pending), refresh=False)
 
     def _drop(self, ids: list[str]) -> None:
-        pipe = self.client.redis.pipeline(transaction=False)
-        for rid in ids:
-            pipe.eval(DROP_FAILED_SCRIPT, 1, result_key(self.client.scope.wire(rid)))
-        pipe.execute()
+        for client, part in self._by_cell([(rid,) for rid in ids]):
+            pipe = client.redis.pipeline(transaction=False)
+            for (rid,) in part:
+                pipe.eval(DROP_FAILED_SCRIPT, 1, result_key(self.client.scope.wire(rid)))
+            pipe.execute()
         self.drop_failed.difference_update(ids)
 
     # --- results ------------------------------------------------------------------------------
@@ -303,15 +316,22 @@ class BackfillRun:
         return freed
 
     def _queue_depth(self) -> tuple[int, int]:
-        """(messages waiting on the model's backfill queue, live workers of the model): one round trip
-        when the queues sit in the result store's Redis; on another Redis broker two; on RabbitMQ the
-        depth is not read (-1: only the live workers tell)."""
-        broker = self.client.broker
-        pipe = self.client.redis.pipeline(transaction=False)
-        same = broker is self.client.redis
+        """(messages waiting on the model's backfill queue, live workers of the model), over cells
+        summed (a depth -1 when any cell's is unknown)."""
+        figures = [self._cell_depth(c) for c in (self.client.clients if isinstance(self.client, CellsClient)
+                                                 else [self.client])]
+        depth = -1 if any(d < 0 for d, _ in figures) else sum(d for d, _ in figures)
+        return depth, sum(live for _, live in figures)
+
+    def _cell_depth(self, client: Client) -> tuple[int, int]:
+        """`_queue_depth` of one Redis: one round trip when the queues sit in the result store's Redis;
+        on another Redis broker two; on RabbitMQ the depth is not read (-1: only the live workers tell)."""
+        broker = client.broker
+        pipe = client.redis.pipeline(transaction=False)
+        same = broker is client.redis
         if same:
             taking.DEPTH.queue(pipe, *taking.depth_call([self.queue]))
-        pipe.zcount(workers_key(self.client.model), time.time() - 3 * HEARTBEAT_S, "+inf")
+        pipe.zcount(workers_key(client.model), time.time() - 3 * HEARTBEAT_S, "+inf")
         *depths, live = scripts.execute(pipe)
         if not same and hasattr(broker, "llen"):  # another Redis
             depths = [taking.DEPTH(broker, *taking.depth_call([self.queue]))]

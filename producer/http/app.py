@@ -68,7 +68,8 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
 429   every Redis connection of the route stayed busy for ``--redis-wait-s`` (``busy``; with
       ``Retry-After``): load, not an outage
 507   Redis refuses writes for memory (``store_full``): nothing was queued
-503   Redis unreachable, or (``--wait-replicas N``) fewer than N replicas took the submission
+503   Redis unreachable, or (``--wait-replicas N``) fewer than N replicas took the submission;
+      over cells, ``cell_unavailable``: the cell holding the id (or the job) does not answer
 504   ``status: expired``: its ``deadline_s`` passed before a worker scored it
 ====  ==========================================================================================
 
@@ -77,6 +78,14 @@ Layout: this module assembles the app (`create_app`: settings and clients in one
 `main`); one module per route family in producer.http.routes, the response models in
 producer.http.models, the dependencies in producer.http.deps, the arguments and uvicorn's protocol
 in producer.http.server.
+
+Over Redis cells (``--cells FILE``, vela2.wire.cells; ``cells=`` of create_app): each request is
+queued and read in its id's cell, each bulk job lives in its job id's cell; /healthz and /readyz read
+every cell and merge (``degraded`` while some do not answer). A cell that does not answer stalls only
+its slice: requests and jobs whose ids it holds get 503 ``cell_unavailable`` naming the cell, every
+other id is served. Quotas over cells: requests_per_s is counted fleet-wide in the tenant's home cell
+(the cell its name hashes to; while that cell is down the rate is not counted), stored_bytes and
+tokens_per_s summed over the cells that answer, queued, live_jobs and job_lines per cell.
 
 No torch: a web backend runs this with the base install plus the ``producer`` extra.
 """
@@ -93,18 +102,22 @@ from typing import Any
 
 import redis.exceptions
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from producer.aio import Busy
+from producer.arguments import cells_from_args
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing
-from producer.brokers import check_wait_replicas
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
+from producer.files import DEFAULT_FILE_EXPIRES_S
 from producer.http.deps import Refused
 from producer.http.models import ErrorAnswer
 from producer.http.responses import error, unavailable
-from producer.http.routes import batches, health, requests, results
+from producer.http.routes import batches, files, health, requests, results
 from producer.http.server import (
     DEFAULT_HEADERS_TIMEOUT_S,
     DEFAULT_PORT,
@@ -127,11 +140,13 @@ from producer.http.state import (
 )
 from producer.quotas import QuotaExceeded, Quotas, load_quotas_file
 from producer.submitting import store_full
+from producer.webhooks import WebhookPolicy
 from vela2 import __version__
 from vela2.api.schemas import ErrorInfo
 from vela2.api.systemone import request_schema
-from vela2.errors import ConfigError, InvalidRequest, JobNotFound, StoreFull, UploadTimeout
+from vela2.errors import CellUnavailable, ConfigError, InvalidRequest, JobNotFound, StoreFull, UploadTimeout
 from vela2.wire import tracing
+from vela2.wire.cells import CellMap
 from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url, url_from_args
 
 __all__ = ["build_parser", "create_app", "main", "serve"]
@@ -158,6 +173,9 @@ def create_app(
     uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT,
     upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S,
     tenant_quotas: Mapping[str, Quotas] | None = None,
+    cells: CellMap | None = None,
+    file_expires_s: int = DEFAULT_FILE_EXPIRES_S,
+    webhooks: WebhookPolicy | None = None,
 ) -> FastAPI:
     """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring), queueing
     on `broker_url` when the workers' broker is another Redis (as many connections again there).
@@ -170,25 +188,21 @@ def create_app(
     Batch uploads are parsed and queued on `upload_processes` threads of their own, at most
     `uploads_per_tenant` at once per tenant (more: 429 too_many_uploads), each registered within
     `upload_timeout_s` (else 408 upload_timeout, the job failed). `tenant_quotas`: tenant -> quotas
-    for callers whose key names none ("": keyless callers; producer.quotas.load_quotas_file)."""
-    check_wait_replicas(wait_replicas, broker_url)
+    for callers whose key names none ("": keyless callers; producer.quotas.load_quotas_file).
+    `cells`: serve over these Redis cells (vela2.wire.cells) instead of `redis_url` / `broker_url`.
+    `file_expires_s`: how long a file uploaded to POST /v1/files lives (producer.files). `webhooks`:
+    where jobs' completion webhooks may go and how they are signed (producer.webhooks; None: off)."""
     settings = Settings(redis_url=redis_url, model=model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
-                        redis_connections=redis_connections, redis_wait_s=redis_wait_s,
-                        body_timeout_s=body_timeout_s, max_batch_bytes=max_batch_bytes, broker_url=broker_url,
-                        wait_replicas=wait_replicas, upload_processes=upload_processes,
-                        uploads_per_tenant=uploads_per_tenant, upload_timeout_s=upload_timeout_s,
-                        tenant_quotas=dict(tenant_quotas or {}))
+                        redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
+                        max_batch_bytes=max_batch_bytes, broker_url=broker_url, wait_replicas=wait_replicas,
+                        upload_processes=upload_processes, uploads_per_tenant=uploads_per_tenant,
+                        upload_timeout_s=upload_timeout_s, tenant_quotas=dict(tenant_quotas or {}), cells=cells,
+                        file_expires_s=file_expires_s, webhooks=webhooks or WebhookPolicy())
     state = RouteState(settings)
-    app = FastAPI(
-        title="Vela 2 SystemOne",
-        version=__version__,
-        # FastAPI's /docs and /redoc pages load their scripts from a CDN: not served (the OpenAPI
-        # document at /openapi.json opens in any viewer, offline too)
-        docs_url=None,
-        redoc_url=None,
-        description=f"SystemOne requests for model `{model}`, answered by the Vela 2 workers through Redis.",
-        lifespan=lifespan,
-    )
+    # FastAPI's /docs and /redoc pages load their scripts from a CDN: not served (the OpenAPI
+    # document at /openapi.json opens in any viewer, offline too)
+    app = FastAPI(title="Vela 2 SystemOne", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan,
+                  description=f"SystemOne requests for model `{model}`, answered by the Vela 2 workers through Redis.")
     app.state.vela2 = state
     if tracing.configure("vela2-http"):  # only when OTEL_* variables ask for traces (or the app set its own)
         app.middleware("http")(join_trace)
@@ -198,6 +212,7 @@ def create_app(
     app.include_router(requests.router, dependencies=[Depends(requests.query_parameters(settings))])
     app.include_router(results.router)
     app.include_router(batches.router)
+    app.include_router(files.router)
     app.include_router(health.router)
     app.openapi = functools.partial(openapi_document, app, model)  # type: ignore[method-assign]
     return app
@@ -237,6 +252,8 @@ def add_exception_handlers(app: FastAPI) -> None:
     app.exception_handler(QuotaExceeded)(over_quota)
     app.exception_handler(RequestValidationError)(bad_params)
     app.exception_handler(JobNotFound)(no_job)
+    app.exception_handler(CellUnavailable)(cell_down)
+    app.exception_handler(StarletteHTTPException)(http_error)
 
 
 async def refused(request: Request, exc: Refused) -> JSONResponse:
@@ -266,6 +283,23 @@ async def redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONRespon
         return error(507, full)
     log.warning("redis error: %s", exc)
     return unavailable(exc)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> Any:
+    """FastAPI's answer to an HTTP error, except a 405's Allow header, which lists every method of the
+    path (Starlette names only those of the first route that matched it: POST of /v1/batches, not GET)."""
+    if exc.status_code != 405:
+        return await http_exception_handler(request, exc)
+    allowed = sorted({m for route in request.app.routes for m in getattr(route, "methods", None) or ()
+                      if route.matches(request.scope)[0] != Match.NONE})
+    return JSONResponse({"detail": exc.detail}, status_code=405, headers={"Allow": ", ".join(allowed)})
+
+
+async def cell_down(_: Request, exc: CellUnavailable) -> JSONResponse:
+    """503 cell_unavailable: the Redis cell holding the request's id (or the job) does not answer;
+    other ids are served."""
+    log.warning("%s", exc)
+    return error(503, exc)
 
 
 async def over_quota(_: Request, exc: QuotaExceeded) -> JSONResponse:
@@ -334,15 +368,19 @@ def serve(
     uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT,
     upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S,
     tenant_quotas: Mapping[str, Quotas] | None = None,
+    cells: CellMap | None = None,
+    file_expires_s: int = DEFAULT_FILE_EXPIRES_S,
+    webhooks: WebhookPolicy | None = None,
 ) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
     `keys` None (no authentication) is refused unless `host` is a loopback address; a URL of the
     wrong scheme raises ConfigError naming it (password masked)."""
     import uvicorn
 
-    check_url(redis_url, "result store", RESULT_STORE_SCHEMES)
-    if broker_url:
-        check_url(broker_url, "broker", BROKER_SCHEMES)
+    if cells is None:  # a cells file's URLs are checked as it loads
+        check_url(redis_url, "result store", RESULT_STORE_SCHEMES)
+        if broker_url:
+            check_url(broker_url, "broker", BROKER_SCHEMES)
     if keys is None:
         if host not in LOOPBACK_HOSTS:
             raise ConfigError(f"--no-auth serves only on loopback ({', '.join(LOOPBACK_HOSTS)}); got --host {host}")
@@ -354,7 +392,8 @@ def serve(
                      redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
                      max_batch_bytes=max_batch_bytes, broker_url=broker_url, wait_replicas=wait_replicas,
                      upload_processes=upload_processes, uploads_per_tenant=uploads_per_tenant,
-                     upload_timeout_s=upload_timeout_s, tenant_quotas=tenant_quotas)
+                     upload_timeout_s=upload_timeout_s, tenant_quotas=tenant_quotas, cells=cells,
+                     file_expires_s=file_expires_s, webhooks=webhooks)
     uvicorn.run(app, host=host, port=port, log_level=log_level, http=headers_timeout_protocol(headers_timeout_s))
 
 
@@ -366,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_auth and (args.api_keys_file or os.environ.get(ENV_API_KEYS_FILE) or os.environ.get(ENV_API_KEYS)):
             raise ConfigError("--no-auth and API keys both given: choose one")
         keys = None if args.no_auth else KeyRing.load(args.api_keys_file)
+        cells = cells_from_args(args, sys.argv[1:] if argv is None else argv)
         serve(
             redis_url,
             args.host,
@@ -386,11 +426,25 @@ def main(argv: list[str] | None = None) -> int:
             tenant_quotas=load_quotas_file(args.quotas_file),
             broker_url=args.broker,
             wait_replicas=args.wait_replicas,
+            cells=cells,
+            file_expires_s=args.file_expires_s,
+            webhooks=webhook_policy(args, keys),
         )
     except (ConfigError, InvalidRequest) as e:
         print(f"vela2 http: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def webhook_policy(args: Any, keys: KeyRing | None) -> WebhookPolicy:
+    """The webhooks the arguments allow (--webhook-allow, --webhook-secret, the keys' secrets); a key's
+    webhook_url that the policy refuses is a ConfigError at start, not a 400 on each of its jobs."""
+    policy = WebhookPolicy(tuple(args.webhook_allow or ()), args.webhook_secret,
+                           keys.webhook_secrets() if keys is not None else {})
+    for key in keys.keys if keys is not None else []:
+        if key.webhook_url is not None and (problem := policy.problem(key.webhook_url, key.tenant)):
+            raise ConfigError(f"the keys file's webhook_url of tenant {key.tenant!r}: {problem}")
+    return policy
 
 
 if __name__ == "__main__":

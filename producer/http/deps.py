@@ -40,6 +40,7 @@ def caller(request: Request, state: Shared) -> str | None:
         raise Refused(found)
     # the key's limits, else its tenant's in --quotas-file (producer.quotas), for the routes that count
     request.state.quotas = state.settings.quotas(found.tenant, found.quotas)
+    request.state.webhook_url = found.webhook_url  # its jobs' completion events (producer.webhooks)
     return found.tenant
 
 

@@ -75,3 +75,14 @@ def gone(model: str, rid: str, exc: ResultExpired) -> JSONResponse:
     """410: `rid` was answered, and its answer has expired from the result store."""
     info = ErrorInfo(type=exc.code, message=str(exc))
     return JSONResponse(ErrorAnswer(model=model, id=rid, error=info).model_dump(mode="json"), status_code=410)
+
+
+OPENAI_ERROR = {"content": {"application/json": {"schema": {"type": "object", "properties": {"error": {
+    "type": "object", "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                                     "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}}}}
+
+
+def openai_error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
+    """An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} (type = code)."""
+    return JSONResponse({"error": {"message": message, "type": code, "param": param, "code": code}},
+                        status_code=status)

@@ -12,6 +12,7 @@ from typing import Any
 from producer.arguments import ENV_MODEL
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
+from producer.files import DEFAULT_FILE_EXPIRES_S
 from producer.http.state import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BATCH_BYTES,
@@ -23,6 +24,9 @@ from producer.http.state import (
     DEFAULT_UPLOAD_TIMEOUT_S,
     DEFAULT_UPLOADS_PER_TENANT,
 )
+from producer.webhooks import ENV_WEBHOOK_SECRET
+from vela2.cli import Parser
+from vela2.wire.cells import ENV_CELLS_FILE, cells_file_from_env
 from vela2.wire.urls import ENV_BROKER_URL, add_url_arguments
 
 DESCRIPTION = "`vela2 http`: the HTTP route for SystemOne requests (an ASGI app; FastAPI, served by uvicorn)."
@@ -98,10 +102,13 @@ def _at_least_zero(raw: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2 http` arguments (shared with the CLI)."""
-    ap = argparse.ArgumentParser(prog="vela2 http", description=DESCRIPTION)
+    ap = Parser(prog="vela2 http", description=DESCRIPTION)
     add_url_arguments(ap, DEFAULT_REDIS_URL)
     ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
                     help=f"the workers' broker URL when it is not the Redis of --redis (default ${ENV_BROKER_URL})")
+    ap.add_argument("--cells", default=cells_file_from_env(), metavar="FILE",
+                    help=f"serve over these Redis cells (vela2.wire.cells; default ${ENV_CELLS_FILE}): each request "
+                    "in its id's cell, each job in its job id's cell; instead of --redis / --broker")
     ap.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0 inside a container)")
     ap.add_argument("--port", type=int, default=DEFAULT_PORT)
     ap.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="the model served")
@@ -131,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="longest one upload may take to register its lines, then 408 upload_timeout (the job fails)")
     ap.add_argument("--uploads-per-tenant", type=_positive(int), default=DEFAULT_UPLOADS_PER_TENANT,
                     help="batch uploads one tenant may have in progress at once; more get 429 too_many_uploads")
+    ap.add_argument("--file-expires-s", type=_positive(int), default=DEFAULT_FILE_EXPIRES_S,
+                    help="how long a file uploaded to POST /v1/files lives (its bytes count in stored_bytes)")
+    ap.add_argument("--webhook-allow", action="append", metavar="ORIGIN",
+                    help="an origin jobs' completion webhooks may go to (https://hooks.example.com, "
+                    "https://*.example.com, http://127.0.0.1:8080; repeat for more; none: webhooks off)")
+    ap.add_argument("--webhook-secret", default=os.environ.get(ENV_WEBHOOK_SECRET) or None,
+                    help=f"the secret that signs webhooks (whsec_...; default ${ENV_WEBHOOK_SECRET}); a key's "
+                    "webhook_secret in the keys file signs its tenant's instead")
     ap.add_argument("--no-auth", action="store_true",
                     help="serve without authentication (loopback only; it says so at start)")
     return ap

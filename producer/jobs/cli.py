@@ -25,6 +25,7 @@ from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client
 from producer.jobs.output import DEFAULT_POLL_S, job_lines
 from producer.jobs.records import cancel_job, job_info, list_jobs
 from producer.jobs.submit import DEFAULT_CHUNK_SIZE, submit_job
+from vela2.cli import Parser
 from vela2.errors import CellUnavailable, ConfigError, InvalidRequest, JobNotFound
 from vela2.wire.cells import ENV_CELLS_FILE, cells_file_from_env
 from vela2.wire.jobs import DEFAULT_WINDOW_S, JobInfo
@@ -91,8 +92,8 @@ def write_results(client: Client | CellsClient, job_id: str, out: str, errors: s
 
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2 jobs` arguments."""
-    ap = argparse.ArgumentParser(prog="vela2 jobs", description=__doc__.splitlines()[0])
-    common = argparse.ArgumentParser(add_help=False)
+    ap = Parser(prog="vela2 jobs", description=__doc__.splitlines()[0])
+    common = Parser(add_help=False)
     add_url_arguments(common, DEFAULT_REDIS_URL)
     common.add_argument("--model", default=os.environ.get(ENV_MODEL, DEFAULT_MODEL), help="model name (its queues)")
     common.add_argument("--tenant", default=None, help="the jobs are this tenant's (as an API key's over HTTP)")

@@ -167,6 +167,7 @@ def submit_job(
     result_ttl_s: int = DEFAULT_RESULT_EXPIRES_S,
     max_seconds: float | None = None,
     job_id: str | None = None,
+    input_file_id: str | None = None,
 ) -> JobSubmitted:
     """Create a job for `client`'s model (and tenant) from JSONL `lines` (bytes, as a file opened
     "rb" yields them) and queue its requests on the backfill queue, streaming. `window_s`: the
@@ -176,7 +177,8 @@ def submit_job(
     job's record lives once it ended, and the TTL of the error results stored here (the workers'
     result_expires_s). `max_seconds`: the longest the input may take to read and queue (an HTTP
     upload's cap). `job_id`: the id to create it under (new_job_id's; the HTTP route reserves it
-    against the tenant's live_jobs quota first). InvalidRequest for bad arguments (nothing created). When
+    against the tenant's live_jobs quota first); `input_file_id`: the Files API file the lines came
+    from. InvalidRequest for bad arguments (nothing created). When
     the input cannot be all registered (its reading raised, Redis refused, `max_seconds` passed: then
     UploadTimeout), the job is ended `failed` at once, naming why, and what it queued is cancelled;
     the error is raised."""
@@ -184,20 +186,14 @@ def submit_job(
         raise InvalidRequest(f"window_s is {window_s!r}; it must be > 0 and at most {LIMITS.max_deadline_s:,.0f} s")
     if chunk_size < 1:
         raise InvalidRequest(f"chunk_size must be at least 1; got {chunk_size}")
-    try:  # standard JSON that UTF-8 can write: every reader (HTTP included) can serve it back
-        meta = json.dumps(metadata or {}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        n_bytes = len(meta.encode("utf-8"))
-    except (TypeError, ValueError) as e:  # NaN / Infinity, a lone surrogate, a value JSON cannot hold
-        raise InvalidRequest(f"metadata is not standard JSON text: {e}") from None
-    if n_bytes > MAX_METADATA_BYTES:
-        raise InvalidRequest(f"metadata has {n_bytes:,} bytes of JSON; limit {MAX_METADATA_BYTES:,}")
+    meta = _metadata_json(metadata)
     client = job_client(client, caller_id := job_id or new_job_id())  # with cells: the cell that holds the job
     job = client.scope.wire(caller_id)
     created = time.time()
     # Until it ends, the record lives through its window plus a result lifetime (a job nobody runs
     # goes away); the script that ends it sets the result TTL from then on.
     ttl_s = int(window_s) + int(result_ttl_s)
-    _create_record(client, caller_id, job, created, window_s, meta, ttl_s)
+    _create_record(client, caller_id, job, created, window_s, meta, ttl_s, input_file_id)
     if on_created is not None:
         on_created(caller_id)
     sub = _Submitter(client, job, chunk_size=chunk_size, expires=created + window_s, ttl_s=ttl_s,
@@ -218,14 +214,28 @@ def submit_job(
     return sub.summary
 
 
+def _metadata_json(metadata: dict[str, Any] | None) -> str:
+    """A job's metadata as the JSON its record keeps; InvalidRequest for what standard JSON cannot
+    hold or past MAX_METADATA_BYTES."""
+    try:  # standard JSON that UTF-8 can write: every reader (HTTP included) can serve it back
+        meta = json.dumps(metadata or {}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        n_bytes = len(meta.encode("utf-8"))
+    except (TypeError, ValueError) as e:  # NaN / Infinity, a lone surrogate, a value JSON cannot hold
+        raise InvalidRequest(f"metadata is not standard JSON text: {e}") from None
+    if n_bytes > MAX_METADATA_BYTES:
+        raise InvalidRequest(f"metadata has {n_bytes:,} bytes of JSON; limit {MAX_METADATA_BYTES:,}")
+    return meta
+
+
 def _create_record(client: Client, caller_id: str, job: str, created: float, window_s: float, meta: str,
-                   ttl_s: int) -> None:
+                   ttl_s: int, input_file_id: str | None = None) -> None:
     """Write the job's record (input `reading`, counts 0, TTL `ttl_s`) and index it; prune the index."""
     pipe = client.redis.pipeline(transaction=True)
     pipe.hset(job_key(job), mapping={
         "id": caller_id, "model": client.model, "tenant": client.scope.tenant or "", "created_at": created,
         "deadline": created + window_s, "window_s": window_s, "metadata": meta, "input": "reading",
         "beat": created, "total": 0, "ok": 0, "error": 0, "expired": 0, "cancelled": 0,
+        **({"input_file_id": input_file_id} if input_file_id else {}),
     })
     pipe.expire(job_key(job), ttl_s)
     pipe.zadd(jobs_key(client.model), {job: created})

@@ -22,6 +22,7 @@ from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
 from producer.loadtest.openloop import Plan, Target, measure_capacity, run_point, run_sequential
 from producer.loadtest.report import line, summarize
 from producer.loadtest.workload import BUILTIN, requests
+from vela2.cli import Parser
 from vela2.wire.urls import add_url_arguments, mask_url, url_from_args
 
 ENV_API_KEY = "VELA2_API_KEY"  # the key of --http (a key in argv is visible to every user of the host)
@@ -52,8 +53,7 @@ def _positive(kind: type) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `vela2 loadtest` arguments."""
-    ap = argparse.ArgumentParser(prog="vela2 loadtest", description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = Parser(prog="vela2 loadtest", description=__doc__.splitlines()[0])
     add_url_arguments(ap, DEFAULT_REDIS_URL)
     ap.add_argument("--http", default=None, help="send to this HTTP route (POST /v1/system_one) instead of Redis; "
                                                  f"its API key in ${ENV_API_KEY}, or --api-key-file")

@@ -168,10 +168,10 @@ def fake_worker(redis_url: str) -> Iterator[Callable[..., FakeWorker]]:
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """http_server(redis_url, *args) -> base URL of a running `python -m producer.http.app` process
-    (on loopback with --no-auth unless `args` name API keys)."""
+    (on loopback with --no-auth unless `args` name API keys; `redis_url` None with "--cells", F)."""
     procs: list[subprocess.Popen] = []
 
-    def start(redis_url: str, *args: str) -> str:
+    def start(redis_url: str | None, *args: str) -> str:
         auth = () if "--api-keys-file" in args else ("--no-auth",)
         proc, base = start_route(redis_url, MODEL, tmp_path / f"http{len(procs)}.log", *auth, *args)
         procs.append(proc)

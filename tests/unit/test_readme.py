@@ -20,7 +20,7 @@ def examples(kind: str) -> list[str]:
 
 def test_every_marked_block_has_a_known_kind():
     kinds = {k for k, _ in EXAMPLE_RE.findall((ROOT / "README.md").read_text(encoding="utf-8"))}
-    assert kinds == {"pytest", "script", "systemone-request", "systemone-answer"}
+    assert kinds == {"pytest", "script", "systemone-request", "systemone-answer", "openai"}
 
 
 def test_the_systemone_example_is_a_valid_request_and_the_shape_of_its_answer(vela2_redis, demo_dir):

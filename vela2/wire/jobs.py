@@ -154,15 +154,14 @@ return 1
 
 # A worker's intake check of requests (vela2.wire.results.ResultStore.admission): per request, its
 # result key and cancel marker, then its job hash when ARGV[i] is "1". Returns per request 1 (answered
-# already: a duplicate), 2 (cancelled: its marker, or its job's cancel) or 0 (run it).
+# already: a duplicate), 2 (cancelled: its marker, or its job's cancel) or 0 (run it). One EXISTS of
+# both keys tells the common case (neither: run it); only when one is there is the result's asked.
 ADMIT_SCRIPT = """
 local out, k = {}, 1
 for i = 1, #ARGV do
   local r = 0
-  if redis.call('EXISTS', KEYS[k]) == 1 then
-    r = 1
-  elseif redis.call('EXISTS', KEYS[k + 1]) == 1 then
-    r = 2
+  if redis.call('EXISTS', KEYS[k], KEYS[k + 1]) > 0 then
+    if redis.call('EXISTS', KEYS[k]) == 1 then r = 1 else r = 2 end
   end
   k = k + 2
   if ARGV[i] == '1' then
@@ -253,6 +252,7 @@ class JobInfo:
     metadata: dict[str, Any] = field(default_factory=dict)
     served: dict[str, int] = field(default_factory=dict)  # identity (served_label) -> ok answers it gave
     failed_reason: str | None = None  # why the submitter could not register its whole input (FAIL_JOB_SCRIPT)
+    input_file_id: str | None = None  # the Files API file it was made from (POST /v1/batches), if any
 
     @property
     def answered(self) -> int:
@@ -265,27 +265,63 @@ class JobInfo:
         return self.status in ENDED
 
     def to_dict(self) -> dict[str, Any]:
-        """The job as JSON: OpenAI's batch fields (object, status, request_counts, times,
-        completion_window, metadata) plus vela2's exact counts by status."""
+        """The job as JSON: every field of OpenAI's Batch object (the `openai` package's
+        `openai.types.Batch`: times of each stage, the output and error files once it has ended,
+        `errors` of a failed one) plus vela2's exact counts by status, `served_by`, `ended_at` and
+        `input_done`."""
+        ended_at = int(self.ended_at) if self.ended_at is not None else None
+        if self.status == "failed" and ended_at is None:  # failed by its silent submitter: its last beat
+            ended_at = int(self.beat or self.created_at)
+        failed = self.counts["error"] + self.counts["expired"] + self.counts["cancelled"]
+        at = {s: ended_at if self.status == s and self.ended else None
+              for s in ("completed", "failed", "expired", "cancelled")}
         return {
             "id": self.id,
             "object": "batch",
             "endpoint": "/v1/system_one",
             "model": self.model,
             "status": self.status,
+            "input_file_id": self.input_file_id or "",
+            "output_file_id": self.id + "-output" if self.ended and self.counts["ok"] else None,
+            "error_file_id": self.id + "-errors" if self.ended and failed else None,
             "created_at": int(self.created_at),
-            "expires_at": int(self.deadline),
-            "completion_window": f"{self.window_s:g}s",
-            "ended_at": int(self.ended_at) if self.ended_at is not None else None,
+            "in_progress_at": int(self.beat) if self.input_done and self.beat is not None else None,
+            "finalizing_at": ended_at if self.ended and self.status != "failed" else None,
+            "completed_at": at["completed"],
+            "failed_at": at["failed"],
+            "expired_at": at["expired"],
             "cancelling_at": int(self.cancel_at) if self.cancel_at is not None else None,
+            "cancelled_at": at["cancelled"],
+            "expires_at": int(self.deadline),
+            "completion_window": window_text(self.window_s),
+            "errors": {"object": "list", "data": [{"code": "job_failed", "message": self.failed_reason or
+                                                   "its input was not all registered", "line": None, "param": None}]}
+            if self.status == "failed" else None,
+            "request_counts": {"total": self.total, "completed": self.counts["ok"], "failed": failed},
+            "metadata": self.metadata,
+            "ended_at": ended_at,
             "input_done": self.input_done,
-            "request_counts": {"total": self.total, "completed": self.counts["ok"],
-                               "failed": self.counts["error"] + self.counts["expired"] + self.counts["cancelled"]},
             "counts": dict(self.counts),
             "served_by": dict(self.served),
-            "metadata": self.metadata,
             **({"failed_reason": self.failed_reason} if self.failed_reason else {}),
         }
+
+
+def window_text(window_s: float) -> str:
+    """A completion window as OpenAI writes it: "24h" (whole hours), else "<n>m", else "<n>s"."""
+    if window_s >= 3600 and window_s % 3600 == 0:
+        return f"{int(window_s // 3600)}h"
+    if window_s >= 60 and window_s % 60 == 0:
+        return f"{int(window_s // 60)}m"
+    return f"{window_s:g}s"
+
+
+def parse_window(text: str) -> float:
+    """A completion window "<n>h", "<n>m" or "<n>s" (OpenAI's "24h") in seconds; ValueError otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([hms])\s*", text or "")
+    if m is None:
+        raise ValueError(f'completion_window must be like "24h", "90m" or "600s"; got {text!r}')
+    return float(m.group(1)) * {"h": 3600, "m": 60, "s": 1}[m.group(2)]
 
 
 def job_status(fields: dict[str, Any], now: float) -> str:
@@ -301,7 +337,7 @@ def job_status(fields: dict[str, Any], now: float) -> str:
 
 
 JOB_FIELDS = ("id", "model", "created_at", "deadline", "window_s", "metadata", "input", "beat", "total",
-              *COUNTED, "cancel_at", "status", "ended_at", "failed_reason")
+              *COUNTED, "cancel_at", "status", "ended_at", "failed_reason", "input_file_id")
 
 
 def parse_job(values: list[Any], now: float) -> JobInfo | None:
@@ -317,7 +353,7 @@ def parse_job(values: list[Any], now: float) -> JobInfo | None:
         deadline=float(f["deadline"] or 0), window_s=float(f["window_s"] or 0), total=total,
         counts={"queued": max(0, total - sum(counts.values())), **counts}, input_done=f["input"] == "done",
         ended_at=_num(f["ended_at"]), cancel_at=_num(f["cancel_at"]), beat=_num(f["beat"]), metadata=meta,
-        failed_reason=f["failed_reason"],
+        failed_reason=f["failed_reason"], input_file_id=f["input_file_id"],
     )
 
 

@@ -440,30 +440,33 @@ def read_answers(redis: Any, ids: Iterable[str]) -> dict[str, dict[str, Any] | N
 # An answered id keeps its "answered" marker, so it reads as expired once the answer expires, never
 # as pending forever; an expired one (the tombstone alone) is marked pending again, to be rescored.
 CLAIM_CONFLICT, CLAIM_MARKED, CLAIM_ANSWERED = 1, 2, 3
-CLAIM_SCRIPT = """
-local raw = redis.call('GET', KEYS[2])
-if raw then
-  local ok, meta = pcall(cjson.decode, raw)
-  if ok and type(meta) == 'table' and type(meta['vela2_digest']) == 'string'
-      and meta['vela2_digest'] ~= ARGV[1] then
-    return 1
+CLAIM_LUA = """
+local function claim(marker_key, result_key, A)
+  local both = redis.call('MGET', result_key, marker_key)  -- one command for the two reads
+  local raw, marker = both[1], both[2]
+  if raw then
+    local ok, meta = pcall(cjson.decode, raw)
+    if ok and type(meta) == 'table' and type(meta['vela2_digest']) == 'string'
+        and meta['vela2_digest'] ~= A[1] then
+      return 1
+    end
+    return 3
   end
-  return 3
-end
-local marker = redis.call('GET', KEYS[1])
-if marker and marker ~= ARGV[4] then
-  local digest = string.match(marker, ' (%S+)$')
-  if digest and digest ~= ARGV[1] then
-    return 1
+  if marker and marker ~= A[4] then
+    local digest = string.match(marker, ' (%S+)$')
+    if digest and digest ~= A[1] then
+      return 1
+    end
+    return 0
+  end
+  if A[2] then
+    redis.call('SET', marker_key, A[2], 'EX', A[3])
+    return 2
   end
   return 0
 end
-if ARGV[2] then
-  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
-  return 2
-end
-return 0
-"""
+"""  # the claim as a Lua function (A: claim_args), for CLAIM_SCRIPT and vela2.wire.taking.CLAIM_PUSH_SCRIPT
+CLAIM_SCRIPT = CLAIM_LUA + "return claim(KEYS[1], KEYS[2], ARGV)\n"
 
 
 CLAIM = Script(CLAIM_SCRIPT)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vela2.wire import keys
+from vela2.wire import keys, results
 from vela2.wire.scripts import Script
 
 MIN_REDIS_VERSION = (6, 2)
@@ -36,7 +36,8 @@ _SEP_LUA = "".join(f"\\{ord(c)}" for c in keys.KOMBU_PRIORITY_SEP)  # the separa
 def _lua(script: str) -> str:
     """`script` with the pieces of key names put in from vela2.wire.keys (one definition of each)."""
     return (script.replace("$SEP$", _SEP_LUA).replace("$MARK$", keys.TENANT_LIST_MARK)
-            .replace("$RING$", keys.RING_MARK).replace("$CLOCK$", keys.CLOCK_MARK))
+            .replace("$RING$", keys.RING_MARK).replace("$CLOCK$", keys.CLOCK_MARK)
+            .replace("$BACKFILL$", keys.BACKFILL_SUFFIX))
 
 
 # KEYS[1] unacked hash, KEYS[2] unacked_index, KEYS[3] the model's doorbell, KEYS[4] the tenants'
@@ -59,15 +60,20 @@ local out, left, n = {}, tonumber(ARGV[2]), 0
 local function take(key, most)
   local items = redis.call('RPOP', key, most)
   if not items then return 0 end
+  local held, index = {}, {}
   for _, item in ipairs(items) do
     n = n + 1
     local tag = ARGV[3] .. '.' .. n
-    redis.call('HSET', KEYS[1], tag, key .. '\\0' .. item)
-    redis.call('ZADD', KEYS[2], ARGV[1], tag)
+    held[#held + 1] = tag
+    held[#held + 1] = key .. '\\0' .. item
+    index[#index + 1] = ARGV[1]
+    index[#index + 1] = tag
     out[#out + 1] = key
     out[#out + 1] = tag
     out[#out + 1] = item
   end
+  redis.call('HSET', KEYS[1], unpack(held))  -- one HSET and one ZADD for the items of one list
+  redis.call('ZADD', KEYS[2], unpack(index))
   left = left - #items
   return #items
 end
@@ -123,17 +129,37 @@ def take_keys(lists: list[str], bell: str, unacked: str = keys.UNACKED_KEY,
 # for none: the queue's own list), ARGV[2] the most messages the list may hold (0: no limit), ARGV[3]
 # the messages counted against it (this call's and those of the calls that follow it in one push),
 # ARGV[4..] the messages, LPUSHed in order. Returns 0 when pushed, else what the list would have
-# held (nothing pushed).
-PUSH_SCRIPT = """
-local limit = tonumber(ARGV[2])
-if limit > 0 then
-  local would = redis.call('LLEN', KEYS[1]) + tonumber(ARGV[3])
-  if would > limit then return would end
+# held (nothing pushed). The doorbell is rung only by a push onto an empty list: a list that holds
+# messages already was rung for when it last became non-empty, or by the take that left them (it
+# rings when it stops at its credit), so a worker is on its way (one command less per push).
+PUSH_LUA = """
+local function push(list, ring, bell, tenant, limit, counted, first)
+  limit = tonumber(limit)
+  if limit > 0 then
+    local would = redis.call('LLEN', list) + tonumber(counted)
+    if would > limit then return would end
+  end
+  local held = redis.call('LPUSH', list, unpack(ARGV, first))
+  if tenant ~= '' then redis.call('ZADD', ring, 'NX', 0, tenant) end
+  if held == #ARGV - first + 1 then redis.call('RPUSH', bell, '1') end
+  return 0
 end
-redis.call('LPUSH', KEYS[1], unpack(ARGV, 4))
-if ARGV[1] ~= '' then redis.call('ZADD', KEYS[2], 'NX', 0, ARGV[1]) end
-if redis.call('LLEN', KEYS[3]) == 0 then redis.call('RPUSH', KEYS[3], '1') end
-return 0
+"""  # the push as a Lua function (the messages: ARGV[first..]), for PUSH_SCRIPT and CLAIM_PUSH_SCRIPT
+PUSH_SCRIPT = PUSH_LUA + "return push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], 4)\n"
+
+# One request's claim and push in one call (producer.Client.submit where the broker is the result
+# store's Redis: one round trip, one script, instead of two of each). KEYS its marker, its result, then
+# push_keys; ARGV[1] the number of claim arguments n, ARGV[2..n+1] claim_args, then the tenant, the
+# limit, the messages counted, the message. Returns {claim code, 0 or what the list would have held}:
+# pushed unless the claim said conflict (1) or answered (3), or the limit refused it (then the marker
+# this call wrote is taken back).
+CLAIM_PUSH_SCRIPT = results.CLAIM_LUA + PUSH_LUA + """
+local n = tonumber(ARGV[1])
+local code = claim(KEYS[1], KEYS[2], {unpack(ARGV, 2, n + 1)})
+if code == 1 or code == 3 then return {code, 0} end
+local refused = push(KEYS[3], KEYS[4], KEYS[5], ARGV[n + 2], ARGV[n + 3], ARGV[n + 4], n + 5)
+if refused > 0 and code == 2 then redis.call('DEL', KEYS[1]) end
+return {code, refused}
 """
 PUSH_MAX = 1000  # messages one PUSH_SCRIPT call carries (Lua's unpack has a stack limit)
 
@@ -191,7 +217,9 @@ def _text(value: Any) -> str:
 
 # KEYS[1] unacked hash, KEYS[2] unacked_index; ARGV[1] the tag, ARGV[2] '1' to push the item at the
 # far end of its list (taken last) instead of the near end (taken next). A tenant's item enters its
-# tenant in the ring again (it left when its list emptied).
+# tenant in the ring again (it left when its list emptied). An item put back on an empty list rings
+# its model's doorbell, as a push onto an empty list does (the bell's name is made from the list's:
+# the one key not in KEYS, as the record names the list only here; a standalone Redis allows it).
 # Returns 1 restored, 0 nothing held under the tag, -1 a record kombu wrote itself (the caller
 # restores those the kombu way: they predate this format).
 RESTORE_SCRIPT = _lua("""
@@ -204,7 +232,16 @@ end
 local cut = string.find(rec, '\\0', 1, true)
 if not cut then return -1 end
 local key, item = string.sub(rec, 1, cut - 1), string.sub(rec, cut + 1)
-if ARGV[2] == '1' then redis.call('LPUSH', key, item) else redis.call('RPUSH', key, item) end
+local held
+if ARGV[2] == '1' then held = redis.call('LPUSH', key, item) else held = redis.call('RPUSH', key, item) end
+if held == 1 then
+  local q = key
+  local sep = string.find(q, SEP, 1, true)
+  if sep then q = string.sub(q, 1, sep - 1) end
+  local bf = '$BACKFILL$'
+  if #q > #bf and string.sub(q, -#bf) == bf then q = string.sub(q, 1, #q - #bf) end
+  redis.call('RPUSH', q .. SEP .. 'bell', '1')
+end
 local mark = string.find(key, SEP .. MARK, 1, true)
 if mark then
   redis.call('ZADD', string.sub(key, 1, mark - 1) .. SEP .. '$RING$', 'NX', 0, string.sub(key, mark + #SEP + #MARK))
@@ -242,3 +279,4 @@ def version_problem(version: str) -> str | None:
 
 # Run by their SHA1 (vela2.wire.scripts): what producers, workers and readers call.
 TAKE, PUSH, DEPTH, RESTORE = Script(TAKE_SCRIPT), Script(PUSH_SCRIPT), Script(DEPTH_SCRIPT), Script(RESTORE_SCRIPT)
+CLAIM_PUSH = Script(CLAIM_PUSH_SCRIPT)

@@ -28,17 +28,21 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import StringConstraints
 
 from producer import jobs
+from producer.cells import CellsClient
 from producer.client import Client
 from producer.http.body import receive_body
 from producer.http.deps import Shared, Tenant
-from producer.http.models import Batch, ErrorAnswer, NotFound
-from producer.http.responses import error
+from producer.http.models import Batch, BatchList, ErrorAnswer, NotFound
+from producer.http.responses import OPENAI_ERROR, error, openai_error
+from producer.http.state import RouteState
 from producer.quotas import reserve_job, upload_lines
+from producer.webhooks import MAX_URL_CHARS, register
 from vela2.api.schemas import ErrorInfo
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest
-from vela2.wire.jobs import DEFAULT_WINDOW_S, new_job_id
-from vela2.wire.keys import job_key, scoped_id
+from vela2.wire.cells import CellMap
+from vela2.wire.jobs import DEFAULT_WINDOW_S, new_job_id, parse_window
+from vela2.wire.keys import id_problem, job_key, scoped_id
 
 # A batch's metadata over HTTP, as OpenAI's: string pairs (within producer.jobs.submit.MAX_METADATA_BYTES as JSON)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
@@ -52,17 +56,22 @@ JOB_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 UPLOAD_RETRY_AFTER_S = 5  # Retry-After of a 429 too_many_uploads
+ENDPOINTS = ("/v1/system_one",)  # what a batch's lines are requests of (OpenAI's batch-create `endpoint`)
+MAX_LIST = 100  # the largest `limit` of GET /v1/batches (OpenAI's)
+LIST_SCAN = 10_000  # GET /v1/batches pages through the tenant's newest this many jobs
 
 
-def submit_upload(redis_url: str, broker_url: str | None, model: str, wait_replicas: int, tenant: str | None,
+def submit_upload(where: str | CellMap, broker_url: str | None, model: str, wait_replicas: int, tenant: str | None,
                   body: bytes, window_s: float, metadata: dict[str, str], max_seconds: float,
-                  job_id: str) -> dict[str, Any]:
+                  job_id: str, input_file_id: str | None = None) -> dict[str, Any]:
     """(in an upload process) Submit `body` as a job of `tenant` within `max_seconds` and return the
-    job (Batch dict)."""
-    client = Client(redis_url, model=model, broker_url=broker_url, tenant=tenant, wait_replicas=wait_replicas)
+    job (Batch dict). `where`: the Redis URL, or the route's cells (the job goes to its id's cell)."""
+    client: Client | CellsClient = (
+        CellsClient(where, model=model, tenant=tenant, wait_replicas=wait_replicas) if isinstance(where, CellMap)
+        else Client(where, model=model, broker_url=broker_url, tenant=tenant, wait_replicas=wait_replicas))
     try:
         done = jobs.submit_job(client, io.BytesIO(body), window_s=window_s, metadata=metadata,  # lines, lazily
-                               max_seconds=max_seconds, job_id=job_id)
+                               max_seconds=max_seconds, job_id=job_id, input_file_id=input_file_id)
         return jobs.job_info(client, done.id).to_dict()
     finally:
         client.close()
@@ -77,6 +86,9 @@ router = APIRouter()
     response_model=Batch,
     responses={
         201: {"model": Batch, "description": "created: every line registered, its requests queued"},
+        400: {**OPENAI_ERROR, "description": "an application/json body that is no valid batch-create request "
+                                             "(input_file_id, endpoint, completion_window, metadata)"},
+        404: {**OPENAI_ERROR, "description": "input_file_id names no file of the tenant"},
         408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s, or its lines "
                                                    "were not registered within --upload-timeout-s (upload_timeout: "
                                                    "the job failed)"},
@@ -92,7 +104,24 @@ router = APIRouter()
     },
     # Any bytes but none are a valid body (no type in its schema): each line is a request, and a line
     # that is not one becomes an error line of the job, never a refusal of the whole body.
-    openapi_extra={"requestBody": {"required": True, "content": {"application/jsonl": {"schema": {
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "required": ["input_file_id", "endpoint", "completion_window"],
+        "additionalProperties": False,
+        "description": "OpenAI's batch-create: the lines are the file input_file_id's (POST /v1/files)",
+        "properties": {
+            "input_file_id": {"type": "string", "minLength": 1},
+            "endpoint": {"type": "string", "enum": list(ENDPOINTS)},
+            # hours up to 720, minutes up to 9,999, seconds up to 999,999: within LIMITS.max_deadline_s
+            "completion_window": {"type": "string", "example": "24h", "pattern":
+                                  "^(?:[1-9][0-9]?|[1-6][0-9]{2}|7[01][0-9]|720)h$|^[1-9][0-9]{0,3}m$|^[1-9][0-9]{0,5}s$"},
+            "metadata": {"type": ["object", "null"], "maxProperties": MAX_METADATA_PAIRS,
+                         "propertyNames": {"minLength": 1, "maxLength": MAX_METADATA_KEY_CHARS},
+                         "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_CHARS}},
+            "output_expires_after": {"type": "object", "description": "accepted and ignored: outputs are views "
+                                     "of the job's answers, which live result_expires_s"},
+            "webhook_url": {"type": ["string", "null"], "maxLength": MAX_URL_CHARS, "description": "POSTed a "
+                            "signed event when the job ends (an origin of --webhook-allow; the SDK's extra_body)"}}}},
+        "application/jsonl": {"schema": {
         "minLength": 1,
         "description": "one request a line: a row, a SystemOne request, or an OpenAI-batch line "
                        '{"custom_id": ..., "body": <row or SystemOne request>}; bad lines become error '
@@ -108,13 +137,32 @@ async def create_batch(
         None, max_length=MAX_METADATA_PAIRS, description=f"key=value pairs kept on the job (as OpenAI's: at "
         f"most {MAX_METADATA_PAIRS}, keys of 1-{MAX_METADATA_KEY_CHARS} characters without '=', values of at "
         f"most {MAX_METADATA_VALUE_CHARS}); repeat the parameter for each pair"),
+    webhook_url: str | None = Query(None, max_length=MAX_URL_CHARS, description="POSTed a signed event when the "
+                                    "job ends (an origin of --webhook-allow; producer.webhooks)"),
 ) -> JSONResponse:
     body = await receive_body(request, state.settings.max_batch_bytes, state.settings.body_timeout_s)
     if isinstance(body, JSONResponse):
         return body
+    input_file_id = None
+    if request.headers.get("content-type", "").split(";")[0].strip() == "application/json":
+        asked = await _create_params(body, tenant, state)  # OpenAI's batches.create: the lines are a file's
+        if isinstance(asked, JSONResponse):
+            return asked
+        body, window_s, meta, input_file_id, webhook_url = asked
+    else:
+        meta = dict(pair.split("=", 1) for pair in metadata or [])
     if not body:
         return error(422, InvalidRequest("the request body is empty: a batch needs at least one line"))
-    meta = dict(pair.split("=", 1) for pair in metadata or [])
+    webhook_url = webhook_url or getattr(request.state, "webhook_url", None)  # the job's, else its key's
+    if webhook_url is not None and (problem := state.settings.webhooks.problem(webhook_url, tenant)):
+        return openai_error(400, "invalid_request", problem, "webhook_url")
+    return await _create(request, tenant, state, body, window_s, meta, input_file_id, webhook_url)
+
+
+async def _create(request: Request, tenant: str | None, state: RouteState, body: bytes, window_s: float,
+                  meta: dict[str, str], input_file_id: str | None, webhook_url: str | None) -> JSONResponse:
+    """Create the job of `body`'s lines in an upload process (at most --uploads-per-tenant at once),
+    its quotas checked and reserved first: 201 with the job (its webhook registered)."""
     limit = state.settings.uploads_per_tenant
     running = state.uploading.get(tenant, 0)
     if running >= limit:
@@ -122,38 +170,125 @@ async def create_batch(
         info = ErrorInfo(type="too_many_uploads", message=message + ": retry when one ends")
         return JSONResponse(ErrorAnswer(error=info).model_dump(mode="json"), status_code=429,
                             headers={"Retry-After": str(UPLOAD_RETRY_AFTER_S)})
-
     s = state.settings
     job_id = new_job_id()
     # the tenant's stored bytes checked, its live jobs and their lines counted (this one reserved),
     # before anything is written (quota_exceeded)
     quotas = getattr(request.state, "quotas", None)
-    redis = state.client(tenant).redis
-    await state.usage.check(redis, tenant or "", quotas)
-    await reserve_job(redis, tenant or "", quotas, job_key(scoped_id(tenant, job_id)), upload_lines(body))
+    await state.usage.check([r for _, r in state.redises()], tenant or "", quotas)
+    try:  # counted in the cell that will hold the job (over cells: per cell)
+        await reserve_job(state.job_redis(job_id), tenant or "", quotas, job_key(scoped_id(tenant, job_id)),
+                          upload_lines(body))
+    except Exception as e:
+        raise state.cell_down(job_id, e) or e from e
     state.uploading[tenant] = running + 1
     try:
         created = await asyncio.get_running_loop().run_in_executor(
-            state.uploads, submit_upload, s.redis_url, s.broker_url, s.model, s.wait_replicas, tenant, body,
-            window_s, meta, s.upload_timeout_s, job_id)
+            state.uploads, submit_upload, s.cells or s.redis_url, s.broker_url, s.model, s.wait_replicas, tenant,
+            body, window_s, meta, s.upload_timeout_s, job_id, input_file_id)
+    except Exception as e:
+        raise state.cell_down(job_id, e) or e from e
     finally:
         state.uploading[tenant] -= 1
         if not state.uploading[tenant]:
             del state.uploading[tenant]
+    if webhook_url is not None:
+        await register(state.job_redis(job_id), scoped_id(tenant, job_id), webhook_url)
     return JSONResponse(created, status_code=201)
+
+
+async def _create_params(body: bytes, tenant: str | None,
+                         state: RouteState) -> tuple[bytes, float, dict[str, str], str, str | None] | JSONResponse:
+    """OpenAI's batch-create body ({input_file_id, endpoint, completion_window, metadata}) as (the input
+    file's content, window_s, metadata, input_file_id), or the 400 naming what is wrong."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        return openai_error(400, "invalid_request", f"the body is not JSON: {str(e)[:200]}")
+    if not isinstance(obj, dict):
+        return openai_error(400, "invalid_request", "a batch-create body is a JSON object {input_file_id, endpoint, "
+                            "completion_window}; to send the lines themselves, POST them as application/jsonl")
+    problem = create_problem(obj)
+    if problem is not None:
+        return openai_error(400, "invalid_request", problem[1], problem[0])
+    file_id = obj["input_file_id"]
+    if id_problem(file_id):  # an id no file can have: none is there
+        return openai_error(404, "not_found", f"no file {file_id[:200]!r}", "input_file_id")
+    files = state.files(tenant, file_id)
+    found = await files.info(file_id)
+    if found is None:
+        return openai_error(404, "not_found", f"no file {file_id[:200]!r}: unknown, another tenant's, deleted or "
+                            "expired (POST /v1/files first, purpose batch)", "input_file_id")
+    if found.purpose != "batch":
+        return openai_error(400, "invalid_request", f"file {file_id!r} has purpose {found.purpose!r}, not batch",
+                            "input_file_id")
+    content = b"".join([piece async for piece in files.content(file_id)])
+    return (content, parse_window(obj["completion_window"]), dict(obj.get("metadata") or {}), file_id,
+            obj.get("webhook_url"))
+
+
+def create_problem(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """(parameter, what is wrong) of a batch-create body, or None when it is valid."""
+    if not isinstance(obj.get("input_file_id"), str) or not obj["input_file_id"]:
+        return "input_file_id", "input_file_id is required: the id of a file uploaded with purpose batch"
+    if obj.get("endpoint") not in ENDPOINTS:
+        return "endpoint", f"endpoint must be one of {', '.join(ENDPOINTS)}; got {obj.get('endpoint')!r}"
+    asked = obj.get("completion_window")
+    try:
+        window = parse_window(asked if isinstance(asked, str) else repr(asked))
+    except ValueError as e:
+        return "completion_window", str(e)
+    if not 0 < window <= LIMITS.max_deadline_s:
+        return "completion_window", (f"completion_window is {window:g} s; it must be > 0 and at most "
+                                     f"{LIMITS.max_deadline_s:,.0f} s")
+    meta = obj.get("metadata")
+    if meta is not None and (not isinstance(meta, dict) or len(meta) > MAX_METADATA_PAIRS or not all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= MAX_METADATA_KEY_CHARS
+            and len(v) <= MAX_METADATA_VALUE_CHARS for k, v in meta.items())):
+        return "metadata", (f"metadata is at most {MAX_METADATA_PAIRS} string pairs, keys of 1-{MAX_METADATA_KEY_CHARS}"
+                            f" characters, values of at most {MAX_METADATA_VALUE_CHARS}")
+    if obj.get("webhook_url") is not None and not isinstance(obj["webhook_url"], str):
+        return "webhook_url", "webhook_url must be a URL string"
+    unknown = set(obj) - {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after",
+                          "webhook_url"}
+    if unknown:
+        return sorted(unknown)[0], f"unknown parameter(s): {', '.join(sorted(unknown))}"
+    return None
+
+
+@router.get("/v1/batches", summary="The tenant's bulk jobs, newest first (OpenAI's list page)",
+            response_model=BatchList, responses={k: v for k, v in JOB_RESPONSES.items() if k != 404})
+async def list_batches(tenant: Tenant, state: Shared, limit: int = Query(20, ge=1, le=MAX_LIST),
+                       after: str | None = Query(None, description="the last id of the previous page")) -> JSONResponse:
+    infos = await asyncio.to_thread(jobs.list_jobs, state.jobs_client(tenant), LIST_SCAN)
+    if after is not None:
+        ids = [info.id for info in infos]
+        infos = infos[ids.index(after) + 1:] if after in ids else []
+    data = [info.to_dict() for info in infos[:limit]]
+    return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                         "last_id": data[-1]["id"] if data else None, "has_more": len(infos) > limit})
 
 
 @router.get("/v1/batches/{job_id}", summary="A bulk job: status and exact counts", response_model=Batch,
             responses=JOB_RESPONSES)
 async def get_batch(job_id: str, tenant: Tenant, state: Shared) -> JSONResponse:
-    info = await asyncio.to_thread(jobs.job_info, state.jobs_client(tenant), job_id)
+    info = await _job_call(state, job_id, jobs.job_info, state.jobs_client(tenant), job_id)
     return JSONResponse(info.to_dict())
+
+
+async def _job_call(state: RouteState, job_id: str, fn: Any, *args: Any) -> Any:
+    """`fn(*args)` (producer.jobs, synchronous) in a worker thread; over cells, the job's cell down
+    is 503 cell_unavailable naming the cell and the job."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except Exception as e:
+        raise state.cell_down(job_id, e) or e from e
 
 
 @router.post("/v1/batches/{job_id}/cancel", summary="Cancel a bulk job", response_model=Batch,
              responses=JOB_RESPONSES)
 async def cancel_batch(job_id: str, tenant: Tenant, state: Shared) -> JSONResponse:
-    info = await asyncio.to_thread(jobs.cancel_job, state.jobs_client(tenant), job_id)
+    info = await _job_call(state, job_id, jobs.cancel_job, state.jobs_client(tenant), job_id)
     return JSONResponse(info.to_dict())
 
 
@@ -169,7 +304,7 @@ async def cancel_batch(job_id: str, tenant: Tenant, state: Shared) -> JSONRespon
 )
 async def batch_output(job_id: str, tenant: Tenant, state: Shared) -> Any:
     c = state.jobs_client(tenant)
-    info = await asyncio.to_thread(jobs.job_info, c, job_id)
+    info = await _job_call(state, job_id, jobs.job_info, c, job_id)
     if not info.ended:
         info_err = ErrorInfo(type="job_running", message=f"job {job_id} is {info.status} ({info.answered:,} of "
                              f"{info.total:,} lines answered); its output is served once it has ended")

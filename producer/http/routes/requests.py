@@ -28,10 +28,18 @@ from producer.http.models import ErrorAnswer, Pending
 from producer.http.responses import ANSWER_RESPONSES, error, gone, pending
 from producer.http.state import Settings
 from producer.prepare import prepare_request
-from producer.quotas import take_rate
 from vela2.api.systemone import parse_request
 from vela2.config import LIMITS
-from vela2.errors import IdConflict, InvalidRequest, ModelMismatch, QuotaExceeded, ResultExpired, StoreFull, Vela2Error
+from vela2.errors import (
+    CellUnavailable,
+    IdConflict,
+    InvalidRequest,
+    ModelMismatch,
+    QuotaExceeded,
+    ResultExpired,
+    StoreFull,
+    Vela2Error,
+)
 
 router = APIRouter()
 
@@ -129,16 +137,16 @@ async def post_system_one(request: Request, tenant: Tenant, state: Shared) -> JS
         return refused
     # the tenant's stored bytes, tokens and request rate, checked before anything is written (quota_exceeded)
     quotas = getattr(request.state, "quotas", None)
-    await state.usage.check(state.client(tenant).redis, tenant or "", quotas)
-    await take_rate(state.client(tenant).redis, tenant or "", quotas)
+    await state.usage.check([r for _, r in state.redises()], tenant or "", quotas)
+    await state.take_rate(tenant, quotas)
     try:
         # queued unless its id is answered already (then the answer below comes at once), and
         # refused when the id names a request with other content (answered or pending), or when the
         # tenant's queue holds its `queued` quota already; validated above already (read_system_one)
         rid = await state.client(tenant).submit(obj, deadline_s=query.deadline_s, validate=False,
                                                 max_queued=quotas.queued if quotas is not None else None)
-    except QuotaExceeded:
-        raise  # 429 quota_exceeded (the app's handler)
+    except (QuotaExceeded, CellUnavailable):
+        raise  # 429 quota_exceeded, 503 cell_unavailable (the app's handlers)
     except IdConflict as e:
         return error(409, e, obj)
     except StoreFull as e:  # Redis is up and refuses writes (maxmemory): not "unreachable"

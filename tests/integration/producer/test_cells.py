@@ -94,6 +94,35 @@ def test_a_jobs_record_lines_and_results_stay_in_one_cell_and_listing_merges(cel
             w.stop()
 
 
+def test_a_backfill_over_cells_queues_each_row_in_its_cell_and_resumes_after_a_cell_outage(cells, tmp_path):
+    from producer.backfill import RedisUnavailable, run_backfill
+    from producer.backfill import main as backfill_main
+
+    servers, path = cells
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(row(f"b-{i}")) + "\n" for i in range(60)))
+    cell_map = CellsClient(path, model=MODEL).map
+    servers[1].stop()  # cell b down from the start: its rows cannot be queued; the run gives up, resumable
+    workers = _workers(servers[:1])
+    try:
+        with pytest.raises(RedisUnavailable, match=r"cell b \(redis:.*\) is unavailable"):  # ridden out, then given up
+            run_backfill(inp, out, cells=path, model=MODEL, window=8, chunk_size=4, poll_s=0.01, redis_timeout_s=0.5)
+        servers[1].start()
+        workers += _workers(servers[1:])
+        assert backfill_main([str(inp), str(out), "--cells", str(path), "--model", MODEL, "--window", "8",
+                              "--chunk-size", "4", "--poll-s", "0.01"]) == 0
+        lines = [json.loads(x) for x in out.read_text().splitlines()]
+        assert sorted(x["id"] for x in lines) == sorted(f"b-{i}" for i in range(60))  # each once, all answered
+        assert all(x["status"] == "ok" for x in lines)
+        for k, server in enumerate(servers):  # answered in the cell its id hashes to, nowhere else
+            held = {i for i in (x["id"] for x in lines) if server.client().exists(result_key(i))}
+            assert held == {x["id"] for x in lines if cell_map.cell_of(x["id"]) == k}
+        assert backfill_main([str(inp), str(out), "--cells", str(path), "--redis", servers[0].url()]) == 2
+    finally:
+        for w in workers:
+            w.stop()
+
+
 def test_status_merges_every_cells_queues_and_names_a_cell_that_is_down(cells):
     servers, path = cells
     with CellsClient(path, model=MODEL) as client:  # no worker: everything waits in its cell

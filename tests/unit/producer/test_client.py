@@ -16,7 +16,7 @@ import pytest
 from producer.client import Client, pack_messages, prepare_request
 from vela2.api.schemas import RowResult, Status, content_id, parse_row
 from vela2.api.systemone import parse_request
-from vela2.errors import InvalidRequest, LimitExceeded, ModelMismatch, ResultExpired
+from vela2.errors import IdConflict, InvalidRequest, LimitExceeded, ModelMismatch, QuotaExceeded, ResultExpired
 from vela2.wire import keys
 from vela2.wire.keys import result_key, submitted_key
 from vela2.wire.messages import decode_body
@@ -192,15 +192,34 @@ def test_submit_many_claims_every_id_in_one_round_trip_then_pushes_in_one(redis)
         return pipe
 
     client = Client(model="vela2-demo", redis=redis)
-    client.submit({**ROW, "id": "warm"}, backfill=True)  # Redis has run (and cached) the scripts once
+    client.submit_many([{**ROW, "id": f"warm-{i}"} for i in range(2)], backfill=True)  # Redis has run (and
+    client.submit({**ROW, "id": "warm"}, backfill=True)  # cached) each script once
     redis.pipeline = recording_pipeline
     _reset_counts()
     client.submit_many([{**ROW, "id": f"p-{i}"} for i in range(4)], chunk_size=2, backfill=True)
     assert CountingRedis.commands == []  # nothing beside the two pipelines
     # the claims (conflict check + submitted marker of every id), then the messages (one PUSH_SCRIPT)
     assert round_trips == [["EVALSHA"] * 4, ["EVALSHA"]]  # by SHA1, never SCRIPT EXISTS first
-    assert len(_queued(redis, BACKFILL)) == 3
+    assert len(_queued(redis, BACKFILL)) == 3 + 2
     assert {redis.get(submitted_key(f"p-{i}")).split()[0] for i in range(4)} == {BACKFILL.encode()}
+
+    # one request: its claim and push in one script call, one round trip (CLAIM_PUSH)
+    round_trips.clear()
+    _reset_counts()
+    client.submit({**ROW, "id": "one"}, backfill=True)
+    assert round_trips == [["EVALSHA"]] and CountingRedis.commands == []
+    assert len(_queued(redis, BACKFILL)) == 6 and redis.get(submitted_key("one")).split()[0] == BACKFILL.encode()
+    client.submit({**ROW, "id": "one"}, backfill=True)  # pending, same content: queued again (the worker skips it)
+    assert len(_queued(redis, BACKFILL)) == 7
+    with pytest.raises(IdConflict, match="'one' already names a request with other content"):
+        client.submit({**ROW, "id": "one", "text": "other"}, backfill=True)
+    assert len(_queued(redis, BACKFILL)) == 7
+    ResultStore(redis).store([("one", _ok("one"))])
+    client.submit({**ROW, "id": "one"}, backfill=True)  # answered: nothing queued
+    assert len(_queued(redis, BACKFILL)) == 7
+    with pytest.raises(QuotaExceeded, match="queued"):  # the list's limit: nothing queued, the marker taken back
+        client.submit({**ROW, "id": "two"}, backfill=True, max_queued=7)
+    assert len(_queued(redis, BACKFILL)) == 7 and redis.get(submitted_key("two")) is None
 
 
 def _ok(rid: str) -> dict:

@@ -84,3 +84,26 @@ def test_a_quotas_file_names_tenants_and_keyless_callers(tmp_path):
             load_quotas_file(str(path))
     with pytest.raises(ConfigError, match="No such file"):
         load_quotas_file(str(tmp_path / "missing.json"))
+
+def test_over_cells_the_usage_is_summed_and_a_cell_that_is_down_is_left_out():
+    import redis.exceptions
+
+    servers = [fakeredis.FakeServer(), fakeredis.FakeServer()]
+    at, _ = usage.count_args(3_600)
+    for server, stored in zip(servers, (3_000, 2_500), strict=True):
+        fakeredis.FakeRedis(server=server).hset(keys.stored_key("acme"), str(at), stored)
+    cells = [fakeredis.FakeAsyncRedis(server=s) for s in servers]
+    gone = fakeredis.FakeServer()
+    gone.connected = False  # fakeredis: every command raises ConnectionError
+    down = fakeredis.FakeAsyncRedis(server=gone)
+
+    async def go() -> None:
+        await Usage().check(cells, "acme", Quotas(stored_bytes=5_501))  # 5,500 in all: under
+        with pytest.raises(QuotaExceeded) as got:
+            await Usage().check(cells, "acme", Quotas(stored_bytes=5_500))
+        assert got.value.usage == 5_500  # neither cell alone holds it
+        await Usage().check([cells[0], down], "acme", Quotas(stored_bytes=3_001))  # the down cell left out
+        with pytest.raises(redis.exceptions.ConnectionError):  # no cell answers: the error, not a pass
+            await Usage().check([down], "acme", Quotas(stored_bytes=1))
+
+    asyncio.run(go())

@@ -245,3 +245,29 @@ def test_predict_defaults_to_the_workers_precision(demo_dir, demo_model, tmp_pat
     assert got == untimed([r.to_json_dict() for r in vela2.predict(demo_model, [ROW, SPAN_ROW], precision="fp32")])
 
 
+
+
+def test_version_and_every_help_names_its_defaults_never_a_secret(capsys, monkeypatch):
+    from vela2 import __version__
+    from vela2.cli import plugins
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"vela2 {__version__}"
+    monkeypatch.setenv("VELA2_REDIS_URL", "redis://:hunter2@10.9.9.9:6379/0")  # defaults from the environment
+    monkeypatch.setenv("VELA2_WEBHOOK_SECRET", "whsec_do-not-show-me")
+    shown = {}
+    for argv in [[name, "--help"] for name in sorted(plugins()) if name not in ("jobs", "cells")] + [
+            ["jobs", "submit", "--help"], ["predict", "--help"], ["train", "--help"]]:  # (cells: no option has one)
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        out = capsys.readouterr().out
+        assert e.value.code == 0, argv
+        assert "hunter2" not in out and "do-not-show-me" not in out, argv
+        shown[" ".join(argv[:-1])] = out
+    assert "(default: redis://:**@10.9.9.9:6379/0)" in " ".join(shown["status"].split())
+    assert "--port PORT default: 8000" in " ".join(shown["http"].split())  # an option without help too
+    assert "default 1.0" in " ".join(shown["worker"].split())  # --idle-wait-s, from the settings
+    assert "default: cpu" in shown["predict"] and "default: cpu" in shown["train"]
+    missing = [k for k, out in shown.items() if "default" not in out]
+    assert missing == [], missing

@@ -44,7 +44,7 @@ def test_create_read_and_stream_a_batch(redis_url, http_server, fake_worker):
         job = r.json()
         assert job["object"] == "batch" and job["id"].startswith("batch_")
         assert job["metadata"] == {"k": "1", "team": "a=b"}
-        assert job["request_counts"]["total"] == 4 and job["completion_window"] == "3600s"
+        assert job["request_counts"]["total"] == 4 and job["completion_window"] == "1h"  # as OpenAI writes it
         done = wait_ended(http, job["id"])
         assert done["status"] == "completed"
         assert done["counts"] == {"queued": 0, "ok": 3, "error": 1, "expired": 0, "cancelled": 0}

@@ -241,7 +241,8 @@ def test_openapi_describes_every_route_and_the_systemone_schemas(redis_url, http
         assert "cdn" not in raw.text.lower() and "<script" not in raw.text
     assert set(spec["paths"]) == {"/v1/system_one", "/v1/results/{request_id}", "/v1/results", "/healthz", "/readyz",
                                   "/v1/batches", "/v1/batches/{job_id}", "/v1/batches/{job_id}/output",
-                                  "/v1/batches/{job_id}/cancel"}
+                                  "/v1/batches/{job_id}/cancel", "/v1/files", "/v1/files/{file_id}",
+                                  "/v1/files/{file_id}/content"}
     post = spec["paths"]["/v1/system_one"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/SystemOneRequest"

@@ -47,11 +47,13 @@ def test_a_worker_describes_itself_and_vela2_status_shows_it(redis_url, start_wo
 
     assert status_cli.main(["--redis", redis_url, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
+    assert shown["redis"] == redis_url  # which Redis it read (the default 127.0.0.1:6379 unless given)
     model = shown["models"][MODEL]
     assert model["queues"] == {"online": 0, "backfill": 0} and model["dead"] == 0
     assert [x["digest"] for x in model["workers"]] == [digest]
     assert status_cli.main(["--redis", redis_url]) == 0
     screen = capsys.readouterr().out
+    assert screen.splitlines()[0] == f"reading {redis_url}"
     assert f"{MODEL}: online 0 | backfill 0 | dead letters 0 | live workers 1" in screen
     assert digest[:12] in screen and "MIXED" not in screen
 

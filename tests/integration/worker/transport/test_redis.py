@@ -145,7 +145,7 @@ def test_a_waiting_consumer_takes_what_arrives_and_the_credit_bounds_a_take(r, r
 
 
 def test_an_idle_consumer_waits_on_the_doorbell_at_most_its_idle_wait(r, redis_url, monkeypatch):
-    # an idle consumer blocks on the model's doorbell (rung by every push of our producers) at most
+    # an idle consumer blocks on the model's doorbell (rung by a push of our producers onto an empty list) at most
     # the worker's idle_wait_s (its transport option); a message pushed without ringing it (a plain LPUSH
     # here) is still taken after that wait
     sent: list[tuple] = []

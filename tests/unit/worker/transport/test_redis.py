@@ -78,6 +78,26 @@ def test_the_doorbell_rings_on_a_push_and_is_cleared_by_a_take_that_empties_the_
     assert r.llen(bell) == 1  # stopped at its credit: items may be left for other workers
     _take(r, keys.priority_lists(Q), 2)
     assert r.llen(bell) == 0  # found fewer than it could hold: an idle worker blocks on the bell
+    _push(r, "A", ["a3"])
+    assert r.llen(bell) == 1  # a push onto an empty list rings
+    r.delete(bell)
+    _push(r, "A", ["a4"])
+    assert r.llen(bell) == 0  # onto a list holding messages: rung for already (or its take rang)
+    _push(r, "B", ["b0"], queue=keys.backfill_queue("m"))
+    assert r.llen(bell) == 1  # another list of the model, empty before: rings the model's one bell
+
+
+def test_a_message_restored_onto_an_empty_list_rings_the_doorbell():
+    import fakeredis
+
+    r = fakeredis.FakeRedis()
+    for queue in (Q, keys.backfill_queue("m")):
+        _push(r, "A", ["a0"], queue=queue)
+        (key, tag, _), = _take(r, [keys.tenant_list(queue, "A")], 5)
+        assert r.llen(keys.bell_key(Q)) == 0
+        assert taking.RESTORE(r, [keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY], [tag, 0]) == 1
+        assert r.lrange(key, 0, -1) == [b"a0"] and r.llen(keys.bell_key(Q)) == 1
+        r.delete(key, keys.bell_key(Q))
 
 
 def test_a_push_over_its_limit_is_refused_whole_and_a_restore_puts_the_tenant_back_in_the_ring():
