@@ -42,8 +42,9 @@
 - No worker? When nothing has been answered for `stall_warn_s` (default 60 s) while rows are in
   flight and the model's backfill queue has not shrunk meanwhile, a warning says so, with the
   number of live workers of the model (their heartbeats); once per stall.
-- A progress bar (tqdm on stderr: rows/s, ETA over the line count of IN) when stderr is a
-  terminal or `progress=True`; one summary line at the end.
+- Progress on stderr (vela2.progress: lines/s, ETA over the line count of IN): a bar when stderr
+  is a terminal (or `progress=True`), else a line every few seconds (`progress=False`: none); one
+  summary line at the end.
 
 Memory: the input is streamed and at most `window` requests are held; the sets of ids already in
 OUT and already seen in IN (resume, duplicates) grow with the number of distinct ids (a few tens

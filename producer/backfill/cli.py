@@ -68,8 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--redis-timeout-s", type=float, default=None, help="longest Redis outage ridden out (default --timeout-s)"
     )
     bar = ap.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the bar")
-    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show the bar")
+    # progress on stderr: by default a bar on a terminal, else a line every few seconds (make, CI, logs)
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None,
+                     help="a bar even when stderr is not a terminal")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                     help="no progress on stderr")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON instead of a line")
     return ap
 

@@ -6,7 +6,6 @@ resuming (producer.backfill.output), and every line of IN goes through the windo
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from producer.brokers import check_wait_replicas
 from producer.cells import CellsClient
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, Client
 from vela2.errors import ConfigError, InvalidRequest
+from vela2.progress import Progress
 from vela2.wire.cells import CellMap, load_cells
 from vela2.wire.messages import deadline_to_expires
 from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url
@@ -45,21 +45,12 @@ def count_lines(path: str | Path, block: int = 1 << 20) -> int:
     return n + (last != b"\n")
 
 
-def _progress_bar(progress: bool | None, in_path: str | Path) -> Any:
-    """tqdm on stderr (rows/s, ETA over the line count of IN) when stderr is a terminal or
-    `progress` is True; a disabled one (that counts nothing) otherwise."""
-    from tqdm import tqdm
-
-    enabled = sys.stderr.isatty() if progress is None else progress
-    return tqdm(
-        total=count_lines(in_path) if enabled else None,
-        unit="row",
-        file=sys.stderr,
-        disable=not enabled,
-        dynamic_ncols=True,
-        smoothing=0.1,
-        desc="backfill",
-    )
+def _progress(progress: bool | None, in_path: str | Path) -> Progress:
+    """The run's progress on stderr (vela2.progress): lines of IN handled, of its line count (read
+    first, in blocks, unless `progress` is False); `progress` None = a bar on a terminal, else a line
+    every few seconds; True = a bar; False = nothing."""
+    total = None if progress is False else count_lines(in_path)
+    return Progress("backfill", total, unit="line", show=progress)
 
 
 def run_backfill(
@@ -87,9 +78,9 @@ def run_backfill(
 
     `window`: most rows in flight; `chunk_size`: rows per message; `timeout_s`: per row, then an
     error line of type "timeout"; `deadline_s`: Celery `expires` per message (the worker answers
-    `expired` after it); `progress`: None = a bar when stderr is a terminal. `redis` replaces the
-    connection made from `redis_url` (tests). `redis_timeout_s`: the longest Redis outage the run
-    rides out (default `timeout_s`), then RedisUnavailable. `tenant`: the ids are this tenant's
+    `expired` after it); `progress`: as `_progress`. `redis` replaces the connection made from
+    `redis_url` (tests). `redis_timeout_s`: the longest Redis outage the run rides out (default
+    `timeout_s`), then RedisUnavailable. `tenant`: the ids are this tenant's
     (producer.scope.Scope; OUT holds them as given). `retry`: "timeouts" or "errors", the lines of
     OUT scored again (producer.backfill). `stall_warn_s`: warn after this long without an answer
     while the queue does not shrink. `broker_url`: the workers' broker when it is not the Redis at
@@ -106,10 +97,10 @@ def run_backfill(
     t0 = time.monotonic()
     retried = take_out_retries(out_path, retry) if retry else set()
     done, torn = scan_out(out_path)
-    bar = _progress_bar(progress, in_path)
     client = (Client(redis_url, model=model, redis=redis, tenant=tenant, broker_url=broker_url,
                      wait_replicas=wait_replicas) if cell_map is None
               else CellsClient(cell_map, model=model, tenant=tenant, wait_replicas=wait_replicas))
+    bar = _progress(progress, in_path)
     job = BackfillRun(
         client, LineWriter(out_path), window=window, chunk_size=chunk_size, timeout_s=timeout_s, deadline_s=deadline_s,
         poll_s=poll_s, bar=bar, redis_timeout_s=redis_timeout_s, stall_warn_s=stall_warn_s,
@@ -124,7 +115,7 @@ def run_backfill(
     return job.summary
 
 
-def _close(job: BackfillRun, bar: Any, client: Client | CellsClient | None, t0: float) -> None:
+def _close(job: BackfillRun, bar: Progress, client: Client | CellsClient | None, t0: float) -> None:
     """End a run, whatever stopped it: OUT and the bar closed, the client too when the run made it."""
     job.writer.close()
     bar.close()

@@ -27,6 +27,7 @@ from producer.jobs.records import cancel_job, job_info, list_jobs
 from producer.jobs.submit import DEFAULT_CHUNK_SIZE, submit_job
 from vela2.cli import Parser
 from vela2.errors import CellUnavailable, ConfigError, InvalidRequest, JobNotFound
+from vela2.progress import Progress
 from vela2.wire.cells import ENV_CELLS_FILE, cells_file_from_env
 from vela2.wire.jobs import DEFAULT_WINDOW_S, JobInfo
 from vela2.wire.urls import add_url_arguments, url_from_args
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="completion window: requests not started by then are answered expired")
     p.add_argument("--metadata", default=None, help="free-form JSON object kept on the job")
     p.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="requests per queue message")
-    p.add_argument("--wait", action="store_true", help="then follow the job (a status line on stderr) until it ends")
+    p.add_argument("--wait", action="store_true",
+                   help="then follow the job until it ends: a bar on stderr, or a line every few s off a terminal")
     p = sub.add_parser("status", parents=[common], help="a job's status, counts, rows/s and ETA")
     p.add_argument("job")
     p.add_argument("--json", action="store_true", help="the record as JSON")
@@ -125,13 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _follow(client: Client | CellsClient, job_id: str, poll_s: float = 1.0) -> JobInfo:
-    """Print a status line to stderr every `poll_s` until the job ends; returns its last record."""
-    while True:
-        info = job_info(client, job_id)
-        print(status_line(info, time.time()), file=sys.stderr, flush=True)
-        if info.ended:
-            return info
-        time.sleep(poll_s)
+    """Read the job's record every `poll_s` until it ends, its progress on stderr (vela2.progress: a
+    bar on a terminal, else a line every few seconds and one when it ends); returns its last record."""
+    info = job_info(client, job_id)
+    with Progress(f"job {job_id}", info.total, unit="line", initial=info.answered) as bar:
+        while True:
+            c = info.counts
+            bar.update(info.answered - bar.done, status=info.status, queued=c["queued"], ok=c["ok"], error=c["error"],
+                       **{k: c[k] for k in ("expired", "cancelled") if c[k]})
+            if info.ended:
+                return info
+            time.sleep(poll_s)
+            info = job_info(client, job_id)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,6 +44,7 @@ from vela2.config import DEFAULT_MAX_BATCH_TOKENS
 from vela2.errors import Vela2Error
 from vela2.model import manifest
 from vela2.model.calibration import Calibration, sigmoid
+from vela2.progress import Progress
 from vela2.train.labelled import check_gold, question_golds, read_jsonl
 from vela2.train.metrics import MIN_POSITIVES, best_f1_threshold, evaluate
 from vela2.train.task_data import BinaryUnits, TaskData, merge
@@ -53,6 +54,9 @@ logger = logging.getLogger(__name__)
 T_MIN = 0.05  # fitted temperatures are clamped to [T_MIN, T_MAX]
 T_MAX = 20.0
 MIN_TEMPERATURE_ITEMS = 10  # questions (choice/score) or units (set/span) a temperature fit needs
+# rows per predict() call while gathering: each call is a step of the progress; enough rows to fill
+# several batches of DEFAULT_MAX_BATCH_TOKENS
+GATHER_CHUNK_ROWS = 256
 
 
 # --- temperature fits -----------------------------------------------------------------------------
@@ -234,12 +238,14 @@ def _gather_row(data: dict[str, TaskData], row: Row, golds: list[Any], res: Any)
 
 
 def gather(
-    model: Any, rows: list[Any], *, precision: str = "fp32", max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    model: Any, rows: list[Any], *, precision: str = "fp32", max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    progress: bool | None = False, label: str = "calibrate",
 ) -> tuple[dict[str, TaskData], list[dict[str, Any]]]:
     """Validate labelled rows, score them with raw logits and word units, and gather per-task data.
 
     Returns (task -> TaskData, skipped) where skipped lists {"id", "reason"} for invalid rows, bad
-    golds and rows the model failed on.
+    golds and rows the model failed on. `progress`: the rows scored, on stderr under `label`
+    (vela2.progress: None = a bar on a terminal, else lines; False = none).
     """
     import vela2  # late: vela2/__init__ may import this module
 
@@ -247,7 +253,12 @@ def gather(
     if not kept:
         return {}, skipped
     requests = [row.model_copy(update={"logits": True, "units": True}).model_dump() for row, _ in kept]
-    results = vela2.predict(model, requests, precision=precision, max_batch_tokens=max_batch_tokens)
+    results: list[Any] = []
+    with Progress(label, len(requests), unit="row", show=progress) as bar:
+        for at in range(0, len(requests), GATHER_CHUNK_ROWS):
+            chunk = requests[at : at + GATHER_CHUNK_ROWS]
+            results += vela2.predict(model, chunk, precision=precision, max_batch_tokens=max_batch_tokens)
+            bar.update(len(chunk))
     data: dict[str, TaskData] = {}
     for (row, golds), res in zip(kept, results, strict=True):
         reason = _gather_row(data, row, golds, res)
@@ -344,16 +355,18 @@ def _fit_span_thresholds(cal: Calibration, base: Calibration, task: str, td: Tas
 
 
 def calibrate(
-    model: Any, rows: list[dict[str, Any]], *, precision: str = "fp32", max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    model: Any, rows: list[dict[str, Any]], *, precision: str = "fp32",
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, progress: bool | None = False,
 ) -> tuple[Calibration, dict[str, Any]]:
     """Fit calibration from labelled rows; returns (new Calibration, report).
 
     The report: {"n_rows", "n_used", "skipped": [{"id", "reason"}], "tasks": {task: {"type", "n",
     "units"?, "before": metrics, "after": metrics, "notes"}}, "T_set", "T_span", "notes"}; metrics
-    as in `evaluate`. With no usable rows the calibration is the model's own, unchanged.
+    as in `evaluate`. With no usable rows the calibration is the model's own, unchanged. `progress`:
+    the rows scored, on stderr (`gather`).
     """
     base: Calibration = model.calibration
-    data, skipped = gather(model, rows, precision=precision, max_batch_tokens=max_batch_tokens)
+    data, skipped = gather(model, rows, precision=precision, max_batch_tokens=max_batch_tokens, progress=progress)
     cal, task_notes, notes = fit(data, base)
     before, after = evaluate(data, base), evaluate(data, cal)
     tasks: dict[str, Any] = {}
@@ -446,7 +459,7 @@ def calibrate_command(
         print(f"vela2 calibrate: cannot read {dev_path}: {e}", file=sys.stderr)
         return 2
     model = vela2.load(checkpoint, device=device, dtype=torch.float32)
-    cal, report = calibrate(model, rows, precision=precision)
+    cal, report = calibrate(model, rows, precision=precision, progress=None)
     report["skipped"] = bad_lines + report["skipped"]
     report["n_rows"] += len(bad_lines)
     print(format_report(report))

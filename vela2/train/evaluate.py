@@ -21,14 +21,17 @@ from vela2.train.metrics import evaluate
 
 
 def eval_report(
-    model: Any, rows: list[Any], *, precision: str = "fp32", max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    model: Any, rows: list[Any], *, precision: str = "fp32", max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    progress: bool | None = False,
 ) -> dict[str, Any]:
     """Metrics of `model` (with its own calibration) on labelled rows.
 
     Returns {"model", "n_rows", "n_used", "skipped": [{"id", "reason"}], "tasks": {task: {"type",
-    "n", "units"?, metrics of `vela2.train.metrics.evaluate`}}}.
+    "n", "units"?, metrics of `vela2.train.metrics.evaluate`}}}. `progress`: the rows scored, on
+    stderr (vela2.progress: None = a bar on a terminal, else lines; False = none).
     """
-    data, skipped = gather(model, rows, precision=precision, max_batch_tokens=max_batch_tokens)
+    data, skipped = gather(model, rows, precision=precision, max_batch_tokens=max_batch_tokens, progress=progress,
+                           label="eval")
     metrics = evaluate(data, model.calibration)
     tasks: dict[str, Any] = {}
     for task, td in sorted(data.items()):
@@ -73,7 +76,7 @@ def eval_command(checkpoint: str, rows_path: str, *, json_path: str | None = Non
         print(f"vela2 eval: cannot read {rows_path}: {e}", file=sys.stderr)
         return 2
     model = load(checkpoint, device=device, dtype=serving_dtype(precision))
-    report = eval_report(model, rows, precision=precision, max_batch_tokens=max_batch_tokens)
+    report = eval_report(model, rows, precision=precision, max_batch_tokens=max_batch_tokens, progress=None)
     report["skipped"] = bad_lines + report["skipped"]
     report["n_rows"] += len(bad_lines)
     print(format_eval(report))

@@ -27,7 +27,6 @@ import logging
 import math
 import random
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ import torch
 from vela2.api.schemas import guess_id_task, split_task
 from vela2.errors import Vela2Error
 from vela2.model.modeling import Vela2Model
+from vela2.progress import Progress
 from vela2.scoring.pipeline import Prepared, collate, prepare, span_logits
 from vela2.text.rendering import Sequence
 from vela2.train.calibrate import _word_targets, _words_in_fields
@@ -212,7 +212,7 @@ class TrainOptions:
     save_every: int = 0  # steps between train-state saves; 0 = never
     span_pos_weight: float = 5.0  # weight of positive span units in their BCE
     lr_schedule: str = "constant"  # or "linear": warm-up over the first 5% of steps, then linear decay to 0
-    progress: bool | None = None  # a tqdm bar on stderr; None = when stderr is a terminal
+    progress: bool | None = None  # on stderr (vela2.progress): None = a bar on a terminal, else lines; False = none
 
 
 def train(model: Vela2Model, examples: list[Example], options: TrainOptions, *,
@@ -234,29 +234,23 @@ def train(model: Vela2Model, examples: list[Example], options: TrainOptions, *,
     if resume:
         step = load_state(state_path, model, params, optimizer)
         logger.info("resumed from %s at step %d of %d", state_path, step, total_steps)
-    bar = _progress_bar(options, total_steps, step)
     epoch_losses: list[float] = []
     done = 0
-    t0 = time.perf_counter()
-    rows_seen = 0
-    for epoch, plan in enumerate(plans):
-        losses: list[float] = []
-        for batch in plan:
-            done += 1
-            if done <= step:  # resumed: these steps are in the loaded state
-                continue
-            value = train_step(model, [examples[i] for i in batch], optimizer, options, done, total_steps)
-            losses.append(value)
-            rows_seen += len(batch)
-            bar.update(1)
-            bar.set_postfix(epoch=epoch + 1, loss=f"{value:.4f}",
-                            rows_s=f"{rows_seen / max(time.perf_counter() - t0, 1e-9):.1f}")
-            if state_path is not None and options.save_every and done % options.save_every == 0:
-                save_state(state_path, params, optimizer, done)
-        if losses:
-            epoch_losses.append(float(np.mean(losses)))
-            logger.info("epoch %d: mean loss %.4f over %d steps", epoch + 1, epoch_losses[-1], len(losses))
-    bar.close()
+    with Progress("train", total_steps, unit="step", initial=step, show=options.progress) as bar:
+        for epoch, plan in enumerate(plans):
+            losses: list[float] = []
+            for batch in plan:
+                done += 1
+                if done <= step:  # resumed: these steps are in the loaded state
+                    continue
+                value = train_step(model, [examples[i] for i in batch], optimizer, options, done, total_steps)
+                losses.append(value)
+                bar.update(1, epoch=f"{epoch + 1}/{len(plans)}", loss=value)
+                if state_path is not None and options.save_every and done % options.save_every == 0:
+                    save_state(state_path, params, optimizer, done)
+            if losses:
+                epoch_losses.append(float(np.mean(losses)))
+                logger.info("epoch %d: mean loss %.4f over %d steps", epoch + 1, epoch_losses[-1], len(losses))
     for p in model.parameters():
         p.requires_grad_(False)
     return epoch_losses
@@ -278,15 +272,6 @@ def train_step(model: Vela2Model, batch: list[Example], optimizer: torch.optim.O
     if not math.isfinite(value):
         raise ValueError(f"training loss is {value} at step {step}; lower --lr (given {options.lr})")
     return value
-
-
-def _progress_bar(options: TrainOptions, total_steps: int, step: int) -> Any:
-    """A tqdm bar of the steps on stderr (disabled unless `options.progress`, or stderr is a terminal)."""
-    from tqdm import tqdm
-
-    enabled = sys.stderr.isatty() if options.progress is None else options.progress
-    return tqdm(total=total_steps, initial=step, unit="step", disable=not enabled, file=sys.stderr,
-                dynamic_ncols=True)
 
 
 def load_state(path: Path | None, model: Vela2Model, params: dict[str, torch.nn.Parameter],
@@ -312,11 +297,13 @@ def save_state(path: Path, params: dict[str, torch.nn.Parameter], optimizer: tor
     tmp.replace(path)
 
 
-def finish(model: Vela2Model, dev_rows: list[Any] | None, precision: str = "fp32") -> dict[str, Any] | None:
+def finish(model: Vela2Model, dev_rows: list[Any] | None, precision: str = "fp32",
+           progress: bool | None = False) -> dict[str, Any] | None:
     """Make a trained model what its checkpoint will serve: backbone matmul weights rounded to the
     release dtype (`vela2.model.checkpoint.release_state_dict`: bf16), so that the calibration is fitted on
     the weights the worker loads; then the calibration fitted on `dev_rows` (None: kept as it was).
-    Returns the calibration report (`vela2.train.calibrate.calibrate`), or None without dev rows."""
+    Returns the calibration report (`vela2.train.calibrate.calibrate`), or None without dev rows.
+    `progress`: the scoring of `dev_rows` on stderr, as `TrainOptions.progress`."""
     from vela2.model.checkpoint import release_state_dict
     from vela2.train.calibrate import calibrate
 
@@ -325,7 +312,7 @@ def finish(model: Vela2Model, dev_rows: list[Any] | None, precision: str = "fp32
     model.eval()
     if dev_rows is None:
         return None
-    model.calibration, report = calibrate(model, dev_rows, precision=precision)
+    model.calibration, report = calibrate(model, dev_rows, precision=precision, progress=progress)
     return report
 
 
@@ -362,7 +349,7 @@ def train_command(checkpoint: str, train_path: str, out: str, *, dev_path: str |
           file=sys.stderr)
     losses = train(model, examples, options, state_path=out_dir / STATE_FILE, resume=resume)
     print("epoch losses: " + ", ".join(f"{x:.4f}" for x in losses), file=sys.stderr)
-    report = finish(model, dev_rows, precision=options.precision)
+    report = finish(model, dev_rows, precision=options.precision, progress=options.progress)
     if report is not None:
         report["skipped"] = dev_bad + report["skipped"]
         print(format_report(report))

@@ -132,7 +132,7 @@ def test_calibrate_rewrites_the_manifest_without_hashing_the_weights_again(demo_
     dev.write_text(json.dumps({"id": "a", "task": "choice:t", "text": "t"}) + "\n")
     fitted = vela2.load(path).calibration
     fitted.temperatures["choice:t"] = 2.5  # what the fit found (the fit itself: test_calibrate)
-    monkeypatch.setattr(calibrate, "calibrate", lambda model, rows, precision: (
+    monkeypatch.setattr(calibrate, "calibrate", lambda model, rows, precision, progress=None: (
         fitted, {"tasks": {"choice:t": {}}, "skipped": [], "n_rows": 1}))
     monkeypatch.setattr(calibrate, "format_report", lambda report: "")
     before = manifest.read(path)["digest"]
