@@ -39,7 +39,9 @@ def http_status(answer: dict[str, Any]) -> int:
     if status == Status.ok:
         return 200
     if status == Status.expired:
-        return 504
+        # the caller's own deadline_s passed before a worker scored it: the request will never be
+        # scored (410 Gone, as an answer expired from the result store); not a server error (5xx)
+        return 410
     if status == Status.cancelled:
         return 409
     code = (answer.get("error") or {}).get("type")

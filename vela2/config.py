@@ -161,11 +161,19 @@ class Vela2Config:
 
     @classmethod
     def read(cls, path: str | Path) -> Vela2Config:
-        """The config.json of checkpoint directory `path`; CheckpointError when absent."""
+        """The config.json of checkpoint directory `path`; CheckpointError when absent, or when `path`
+        is a transformers model directory (its message says how to import it: every command that
+        loads a checkpoint reads its config here first)."""
         p = Path(path) / "config.json"
         if not p.is_file():
             raise CheckpointError(f"{p} does not exist")
-        return cls.from_dict(json.loads(p.read_text()))
+        d = json.loads(p.read_text())
+        if isinstance(d, dict) and isinstance(d.get("model_type"), str) and d["model_type"] != "vela2":
+            out = Path(path).resolve().with_name(f"{Path(path).resolve().name}-vela2")
+            raise CheckpointError(f"config.json model_type must be 'vela2'; got {d['model_type']!r}: {path} is a "
+                                  f"transformers model directory, not a Vela 2 checkpoint; import it first with "
+                                  f"`vela2 import {path} {out}` and pass {out}")
+        return cls.from_dict(d)
 
     def write(self, path: str | Path) -> None:
         """Write config.json into checkpoint directory `path`."""

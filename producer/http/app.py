@@ -38,21 +38,33 @@ Routes (OpenAPI at /openapi.json; no /docs page, whose scripts would come from a
   engine makes progress; a stalled or stopped one drops out), else 503 (``no_worker`` or Redis
   ``unavailable``).
 
-Status codes (the body is always JSON; for a SystemOne request the answer, or an error answer
-``{"version", "model", "id", "status": "error", "error": {"type", "message"}}``):
+Status codes. The body is always JSON; every error, on every route (404 and 405 of unknown paths and
+methods, 422 of parameters and the /v1/files and /v1/batches routes included), is one envelope
+(producer.http.responses; the OpenAPI document's ``Error``): OpenAI's error object, which the openai
+SDK reads, in the SystemOne error answer,
+``{"version", "model", "id", "status": "error", "error": {"type", "message", "param", "code"[, "hint"]}}``
+(``code`` = ``type``; ``param`` the parameter or field at fault, or null; ``hint``, only where the
+caller plainly used the wrong route or form, what to do instead: it ends the message too).
 
 ====  ==========================================================================================
 200   answered (``status: ok``)
-202   not answered within ``wait_s``: ``{"id", "status": "pending", "result_url"}`` (+ Location)
+202   not answered within ``wait_s``: ``{"id", "status": "pending", "result_url"}`` (+ Location);
+      the route's own wait ran out, which is no error: poll the result_url
 201   a bulk job was created (POST /v1/batches)
-400   body is not JSON (``invalid_request``), or the request names another model
-      (``model_mismatch``: this route serves one model, named at start)
+400   body is not JSON (``invalid_request``; JSONL gets a hint: POST it to /v1/batches), or the
+      request names another model (``model_mismatch``: this route serves one model, named at start)
 401   no API key, or an unknown one (``unauthorized``; with ``WWW-Authenticate: Bearer``)
 403   the API key may not use this route's model (``forbidden``)
 404   GET of an unknown id (never submitted by a tracking producer, or so long ago that even its
-      marker is gone)
-410   GET of an id whose answer expired from the result store: the error answer with
-      ``error.type`` ``result_expired`` and the id (POST: only when it expired within ``wait_s``)
+      marker is gone), an unknown job or file, or an unknown path (``not_found``; a path close to a
+      route's gets the hint "did you mean POST /v1/system_one?")
+405   a method the path does not take (``method_not_allowed``): the message and the Allow header
+      name the methods it takes
+410   the request will never be scored: its own ``deadline_s`` passed before a worker scored it
+      (``status: expired``, ``error.type`` ``expired``; the caller's deadline, not a server fault:
+      send it again under a new id), or it was answered and its answer expired from the result
+      store (``status: error``, ``error.type`` ``result_expired``; POST: only when it expired within
+      ``wait_s``)
 409   the request id already names a request with other content, answered or pending
       (``id_conflict``): an id is an idempotency key; the same content gets the stored answer;
       ``status: cancelled`` (cancelled before a worker started it); the output of a bulk job that
@@ -63,21 +75,25 @@ Status codes (the body is always JSON; for a SystemOne request the answer, or an
       soon as a streamed body passes it (the rest is never read)
 422   invalid request (``invalid_request`` / ``limit_exceeded``, with the field, limit and value),
       refused here or by the worker; query parameters out of bounds (``deadline_s`` at most
-      ``LIMITS.max_deadline_s``)
-500   the worker failed on it (e.g. ``model_error``): the error answer
+      ``LIMITS.max_deadline_s``; ``param`` names it); a row, an OpenAI batch line or a batch-create
+      body POSTed to /v1/system_one gets a hint naming where it goes
+500   the worker failed on it (e.g. ``model_error``): the error answer; ``internal_error``: the
+      route itself failed (its log holds the traceback)
 429   every Redis connection of the route stayed busy for ``--redis-wait-s`` (``busy``; with
       ``Retry-After``): load, not an outage
 507   Redis refuses writes for memory (``store_full``): nothing was queued
 503   Redis unreachable, or (``--wait-replicas N``) fewer than N replicas took the submission;
-      over cells, ``cell_unavailable``: the cell holding the id (or the job) does not answer
-504   ``status: expired``: its ``deadline_s`` passed before a worker scored it
+      over cells, ``cell_unavailable``: the cell holding the id (or the job) does not answer;
+      ``no_worker``: the wait found no worker of the model beating for 30 s (the request stays
+      queued; the hint and the Location header say where to read it; wait_s=0 gets 202)
 ====  ==========================================================================================
 
 Layout: this module assembles the app (`create_app`: settings and clients in one RouteState on
 ``app.state.vela2``, exception handlers, the routers, the OpenAPI document) and runs it (`serve`,
 `main`); one module per route family in producer.http.routes, the response models in
-producer.http.models, the dependencies in producer.http.deps, the arguments and uvicorn's protocol
-in producer.http.server.
+producer.http.models, the error envelope in producer.http.responses, the exception handlers and
+hints in producer.http.errors, the dependencies in producer.http.deps, the arguments and uvicorn's
+protocol in producer.http.server.
 
 Over Redis cells (``--cells FILE``, vela2.wire.cells; ``cells=`` of create_app): each request is
 queued and read in its id's cell, each bulk job lives in its job id's cell; /healthz and /readyz read
@@ -100,23 +116,14 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis.exceptions
 from fastapi import Depends, FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
-from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
-from producer.aio import Busy
 from producer.arguments import cells_from_args
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
 from producer.files import DEFAULT_FILE_EXPIRES_S
-from producer.http.deps import Refused
-from producer.http.models import ErrorAnswer
-from producer.http.responses import error, unavailable
+from producer.http.errors import add_exception_handlers, unify_error_schemas
 from producer.http.routes import batches, files, health, requests, results
 from producer.http.server import (
     DEFAULT_HEADERS_TIMEOUT_S,
@@ -138,13 +145,11 @@ from producer.http.state import (
     RouteState,
     Settings,
 )
-from producer.quotas import QuotaExceeded, Quotas, load_quotas_file
-from producer.submitting import store_full
+from producer.quotas import Quotas, load_quotas_file
 from producer.webhooks import WebhookPolicy
 from vela2 import __version__
-from vela2.api.schemas import ErrorInfo
 from vela2.api.systemone import request_schema
-from vela2.errors import CellUnavailable, ConfigError, InvalidRequest, JobNotFound, StoreFull, UploadTimeout
+from vela2.errors import ConfigError, InvalidRequest
 from vela2.wire import tracing
 from vela2.wire.cells import CellMap
 from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url, url_from_args
@@ -152,8 +157,6 @@ from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url, url
 __all__ = ["build_parser", "create_app", "main", "serve"]
 
 log = logging.getLogger(__name__)
-
-RETRY_AFTER_S = 1  # the Retry-After of a 429 (every Redis connection stayed busy)
 
 
 def create_app(
@@ -240,98 +243,6 @@ async def join_trace(request: Request, call_next: Any) -> Any:
         tracing.detach(token)
 
 
-def add_exception_handlers(app: FastAPI) -> None:
-    """What the app answers for the exceptions its routes leave: a refused API key (401 / 403), every
-    Redis connection busy (429), Redis away (503), query parameters out of bounds (422), no such job
-    (404)."""
-    app.exception_handler(Refused)(refused)
-    app.exception_handler(Busy)(busy)
-    app.exception_handler(redis.exceptions.RedisError)(redis_down)
-    app.exception_handler(StoreFull)(full_store)
-    app.exception_handler(UploadTimeout)(upload_timeout)
-    app.exception_handler(QuotaExceeded)(over_quota)
-    app.exception_handler(RequestValidationError)(bad_params)
-    app.exception_handler(JobNotFound)(no_job)
-    app.exception_handler(CellUnavailable)(cell_down)
-    app.exception_handler(StarletteHTTPException)(http_error)
-
-
-async def refused(request: Request, exc: Refused) -> JSONResponse:
-    """401 (with WWW-Authenticate: Bearer) or 403: the API key check's refusal."""
-    r = exc.refusal
-    info = ErrorInfo(type=r.type, message=r.message)
-    headers = {"WWW-Authenticate": "Bearer"} if r.status == 401 else None
-    model = request.app.state.vela2.settings.model
-    return JSONResponse(ErrorAnswer(model=model, error=info).model_dump(mode="json"), status_code=r.status,
-                        headers=headers)
-
-
-async def busy(request: Request, exc: Busy) -> JSONResponse:
-    """429 with Retry-After: every Redis connection stayed busy for --redis-wait-s (load, not an outage)."""
-    info = ErrorInfo(type="busy", message=str(exc))
-    model = request.app.state.vela2.settings.model
-    return JSONResponse(ErrorAnswer(model=model, error=info).model_dump(mode="json"), status_code=429,
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
-
-
-async def redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONResponse:
-    """503: Redis is unreachable (or took a submission on too few replicas); 507 store_full when it
-    answered and refused a write for memory."""
-    full = store_full(exc)
-    if full is not None:
-        log.warning("redis refuses writes: %s", exc)
-        return error(507, full)
-    log.warning("redis error: %s", exc)
-    return unavailable(exc)
-
-
-async def http_error(request: Request, exc: StarletteHTTPException) -> Any:
-    """FastAPI's answer to an HTTP error, except a 405's Allow header, which lists every method of the
-    path (Starlette names only those of the first route that matched it: POST of /v1/batches, not GET)."""
-    if exc.status_code != 405:
-        return await http_exception_handler(request, exc)
-    allowed = sorted({m for route in request.app.routes for m in getattr(route, "methods", None) or ()
-                      if route.matches(request.scope)[0] != Match.NONE})
-    return JSONResponse({"detail": exc.detail}, status_code=405, headers={"Allow": ", ".join(allowed)})
-
-
-async def cell_down(_: Request, exc: CellUnavailable) -> JSONResponse:
-    """503 cell_unavailable: the Redis cell holding the request's id (or the job) does not answer;
-    other ids are served."""
-    log.warning("%s", exc)
-    return error(503, exc)
-
-
-async def over_quota(_: Request, exc: QuotaExceeded) -> JSONResponse:
-    """429 (507 for stored_bytes) quota_exceeded naming the quota, its limit and the usage, with
-    Retry-After."""
-    response = error(exc.status, exc)
-    response.headers["Retry-After"] = str(exc.retry_after_s)
-    return response
-
-
-async def upload_timeout(_: Request, exc: UploadTimeout) -> JSONResponse:
-    """408 upload_timeout: an upload took longer than --upload-timeout-s to register (its job failed)."""
-    return error(408, exc)
-
-
-async def full_store(_: Request, exc: StoreFull) -> JSONResponse:
-    """507 store_full: Redis refuses writes for memory (a route whose own code raised it)."""
-    return error(507, exc)
-
-
-async def bad_params(_: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 naming the first parameter out of bounds, its rule and the value given."""
-    err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
-    where = ".".join(str(p) for p in err.get("loc", ()))
-    return error(422, InvalidRequest(f"{where}: {err.get('msg')}; got {err.get('input')!r}"))
-
-
-async def no_job(_: Request, exc: JobNotFound) -> JSONResponse:
-    """404: no such job (unknown, another tenant's, or expired with its results)."""
-    return JSONResponse({"detail": str(exc)}, status_code=404)
-
-
 def openapi_document(app: FastAPI, model: str) -> dict[str, Any]:
     """The app's OpenAPI document, made once. The request body of POST /v1/system_one is read raw (so
     refusals carry our messages, not FastAPI's), so its schema is added here from the pydantic model,
@@ -343,6 +254,7 @@ def openapi_document(app: FastAPI, model: str) -> dict[str, Any]:
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(req.pop("$defs"))
         components["SystemOneRequest"] = req
+        unify_error_schemas(schema)
         app.openapi_schema = schema
     return app.openapi_schema
 

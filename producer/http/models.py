@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from vela2.api.schemas import ErrorInfo
 from vela2.api.systemone import SYSTEM_ONE_VERSION
 
 
@@ -19,14 +18,28 @@ class Pending(BaseModel):
     result_url: str
 
 
-class ErrorAnswer(BaseModel):
-    """A refused request (the SystemOne error answer; id / model null when the body had none)."""
+class ErrorDetail(BaseModel):
+    """What went wrong, in OpenAI's shape: `type` names the error (its table in producer.http.app),
+    `message` says what was wrong with which value, `param` the parameter or field at fault when one
+    is, `code` the same as `type`; `hint` (only when there is one) what to do instead."""
+
+    type: str
+    message: str
+    param: str | None = None
+    code: str | None = None
+    hint: str | None = None
+
+
+class Error(BaseModel):
+    """Every error answer of the route, whatever its status: OpenAI's error object (so the openai
+    SDK reads it) in the SystemOne error answer (`model` and `id` of the request, or null when none
+    was named; `status` error, or expired / cancelled for a request that ended so unscored)."""
 
     version: Literal["1"] = SYSTEM_ONE_VERSION
     model: str | None = None
     id: str | None = None
-    status: Literal["error"] = "error"
-    error: ErrorInfo
+    status: Literal["error", "expired", "cancelled"] = "error"
+    error: ErrorDetail
 
 
 class CellHealth(BaseModel):
@@ -64,11 +77,6 @@ class Ready(BaseModel):
     workers: int  # workers of the model with a fresh heartbeat (over cells: summed)
     redis: str
     cells: dict[str, CellReady] | None = None
-
-
-# A 404's body (no docstring: it would become the schema's description in the OpenAPI document).
-class NotFound(BaseModel):
-    detail: str
 
 
 class BatchCounts(BaseModel):

@@ -33,6 +33,7 @@ from vela2.model.calibration import Calibration
 from vela2.model.checkpoint import INDEX, WEIGHTS, _bf16_weight_names, finish, weight_files
 from vela2.model.manifest import inside
 from vela2.model.modeling import OptionHead, SpanHead, Vela2Model, build_backbone
+from vela2.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,8 @@ def read_hf_config(hf_dir: Path) -> dict:
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{path} must hold a JSON object; got {type(cfg).__name__}")
     model_type = cfg.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(f"model_type {model_type!r} is not supported; supported: "
+    if model_type not in SUPPORTED_MODEL_TYPES:  # the docs' list of supported backbones is this one
+        raise CheckpointError(f"{path}: model_type {model_type!r} is not supported; supported: "
                               f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     for key in ("vocab_size", "hidden_size", "num_hidden_layers"):
         value = cfg.get(key)
@@ -152,12 +153,13 @@ def _check_shapes_before_building(hf_dir: Path, hf_cfg: dict) -> None:
 
 
 def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, window: int | None = None,
-              seed: int = 0, shard_max_bytes: int = SHARD_MAX_BYTES) -> Path:
+              seed: int = 0, shard_max_bytes: int = SHARD_MAX_BYTES, progress: bool | None = False) -> Path:
     """Write the Vela 2 checkpoint of a local transformers decoder directory to `out` (must be empty).
 
     `name` (default: the directory's name) names the model and its queues; `window` is
     max_window_tokens (default min(2048, the backbone's max_position_embeddings)); `seed`
-    initialises the heads. Returns `out`.
+    initialises the heads; `progress`: the tensors converted, on stderr (vela2.progress: None = a
+    bar on a terminal, else lines; False = none). Returns `out`.
     """
     hf_dir, out = Path(hf_dir), Path(out)
     hf_cfg = read_hf_config(hf_dir)
@@ -182,7 +184,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, name: str | None = None, w
     try:
         writer = _ShardWriter(out, shard_max_bytes)
         embedding = _Embedding(old_vocab, new_vocab, new_ids)
-        _convert_weights(hf_dir, hf_cfg["model_type"], writer, expected, bf16, embedding)
+        _convert_weights(hf_dir, hf_cfg["model_type"], writer, expected, bf16, embedding, progress)
         for n, t in heads.items():
             writer.add(n, t)
         missing = sorted(set(expected) - writer.names)
@@ -265,33 +267,41 @@ class _Embedding:
 
 
 def _convert_weights(hf_dir: Path, model_type: str, writer: _ShardWriter, expected: dict[str, tuple[int, ...]],
-                     bf16: set[str], embedding: _Embedding) -> None:
+                     bf16: set[str], embedding: _Embedding, progress: bool | None = False) -> None:
     """Stream the backbone's tensors of `hf_dir` into `writer`, one at a time: renamed, checked against
     the `expected` shapes, cast by the release rule (`bf16` names bf16, the rest fp32), the
-    embedding resized. The causal LM head is dropped."""
+    embedding resized. The causal LM head is dropped. `progress`: the tensors read, on stderr."""
     try:
         files = weight_files(hf_dir, " (only safetensors weights are imported)")
     except (ValueError, KeyError, TypeError, OSError, SafetensorError) as e:
         raise CheckpointError(f"the weights of {hf_dir} are not readable: {_why(e, hf_dir / WEIGHTS)}") from None
-    for name_in, path in sorted(files.items(), key=lambda kv: (str(kv[1]), kv[0])):
-        target = _target_name(name_in)
-        if target is None:
-            continue
-        if target not in expected:
-            raise CheckpointError(f"tensor {name_in!r} has no place in a {model_type} backbone of this config")
-        dtype = torch.bfloat16 if target in bf16 else torch.float32
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as sf:  # reopened per tensor: no mapping held
-                if target.endswith("embed_tokens.weight"):
-                    t = _resized_embedding(sf.get_slice(name_in), embedding.old_vocab, embedding.new_vocab,
-                                           embedding.new_ids)
-                else:
-                    t = sf.get_tensor(name_in).to(dtype)
-        except (OSError, SafetensorError) as e:
-            raise CheckpointError(f"{path}: tensor {name_in!r} is not readable: {_why(e, path)}") from None
-        if tuple(t.shape) != expected[target]:
-            raise CheckpointError(f"{name_in}: shape {tuple(t.shape)}; the config expects {expected[target]}")
-        writer.add(target, t.contiguous())
+    with Progress("import", len(files), unit="tensor", show=progress) as bar:
+        for name_in, path in sorted(files.items(), key=lambda kv: (str(kv[1]), kv[0])):
+            _convert_tensor(name_in, path, model_type, writer, expected, bf16, embedding)
+            bar.update(1)
+
+
+def _convert_tensor(name_in: str, path: Path, model_type: str, writer: _ShardWriter,
+                    expected: dict[str, tuple[int, ...]], bf16: set[str], embedding: _Embedding) -> None:
+    """One tensor of `_convert_weights` into `writer` (none for the causal LM head)."""
+    target = _target_name(name_in)
+    if target is None:
+        return
+    if target not in expected:
+        raise CheckpointError(f"tensor {name_in!r} has no place in a {model_type} backbone of this config")
+    dtype = torch.bfloat16 if target in bf16 else torch.float32
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as sf:  # reopened per tensor: no mapping held
+            if target.endswith("embed_tokens.weight"):
+                t = _resized_embedding(sf.get_slice(name_in), embedding.old_vocab, embedding.new_vocab,
+                                       embedding.new_ids)
+            else:
+                t = sf.get_tensor(name_in).to(dtype)
+    except (OSError, SafetensorError) as e:
+        raise CheckpointError(f"{path}: tensor {name_in!r} is not readable: {_why(e, path)}") from None
+    if tuple(t.shape) != expected[target]:
+        raise CheckpointError(f"{name_in}: shape {tuple(t.shape)}; the config expects {expected[target]}")
+    writer.add(target, t.contiguous())
 
 
 def _remove_partial(out: Path, created: bool) -> None:
@@ -392,7 +402,7 @@ class _ShardWriter:
 
 def import_command(hf_dir: str, out: str, *, name: str | None = None, window: int | None = None) -> int:
     """`vela2 import`: write the checkpoint and say what it holds."""
-    path = import_hf(hf_dir, out, name=name, window=window)
+    path = import_hf(hf_dir, out, name=name, window=window, progress=None)
     config = Vela2Config.read(path)
     print(f"imported {hf_dir} ({config.backbone['model_type']}, {config.backbone['num_hidden_layers']} layers, "
           f"hidden {config.hidden_size}, vocabulary {config.backbone['vocab_size']}) as {config.name!r} to {path}")

@@ -32,12 +32,12 @@ from producer.cells import CellsClient
 from producer.client import Client
 from producer.http.body import receive_body
 from producer.http.deps import Shared, Tenant
-from producer.http.models import Batch, BatchList, ErrorAnswer, NotFound
-from producer.http.responses import OPENAI_ERROR, error, openai_error
+from producer.http.errors import form_hint, jsonl_hint
+from producer.http.models import Batch, BatchList
+from producer.http.responses import declared, error, error_response
 from producer.http.state import RouteState
 from producer.quotas import reserve_job, upload_lines
 from producer.webhooks import MAX_URL_CHARS, register
-from vela2.api.schemas import ErrorInfo
 from vela2.config import LIMITS
 from vela2.errors import InvalidRequest
 from vela2.wire.cells import CellMap
@@ -50,9 +50,9 @@ MetadataPair = Annotated[str, StringConstraints(
     pattern=rf"^[^=]{{1,{MAX_METADATA_KEY_CHARS}}}=[\s\S]{{0,{MAX_METADATA_VALUE_CHARS}}}$")]
 
 JOB_RESPONSES: dict[int | str, dict[str, Any]] = {
-    404: {"model": NotFound, "description": "no such job (unknown, another tenant's, or expired with its results)"},
-    429: {"model": ErrorAnswer, "description": "every Redis connection stayed busy (busy; Retry-After)"},
-    503: {"model": ErrorAnswer, "description": "redis is unreachable"},
+    404: declared("no such job (not_found: unknown, another tenant's, or expired with its results)"),
+    429: declared("every Redis connection stayed busy (busy; Retry-After)"),
+    503: declared("redis is unreachable"),
 }
 
 UPLOAD_RETRY_AFTER_S = 5  # Retry-After of a 429 too_many_uploads
@@ -86,20 +86,18 @@ router = APIRouter()
     response_model=Batch,
     responses={
         201: {"model": Batch, "description": "created: every line registered, its requests queued"},
-        400: {**OPENAI_ERROR, "description": "an application/json body that is no valid batch-create request "
-                                             "(input_file_id, endpoint, completion_window, metadata)"},
-        404: {**OPENAI_ERROR, "description": "input_file_id names no file of the tenant"},
-        408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s, or its lines "
-                                                   "were not registered within --upload-timeout-s (upload_timeout: "
-                                                   "the job failed)"},
-        413: {"model": ErrorAnswer, "description": "body over --max-batch-bytes"},
-        429: {"model": ErrorAnswer, "description": "the tenant has --uploads-per-tenant uploads in progress "
-                                                   "(too_many_uploads), its live_jobs or job_lines quota "
-                                                   "(quota_exceeded: the quota, its limit and the usage; nothing "
-                                                   "was created), or every Redis connection stayed busy (busy)"},
-        507: {"model": ErrorAnswer, "description": "Redis refuses writes for memory (store_full), or the tenant's "
-                                                   "stored results hold its stored_bytes quota (quota_exceeded)"},
-        422: {"model": ErrorAnswer, "description": "no body, or window_s / metadata out of bounds"},
+        400: declared("an application/json body that is no valid batch-create request (input_file_id, endpoint, "
+                      "completion_window, metadata; a SystemOne request or a row gets a hint saying where it goes)"),
+        404: declared("input_file_id names no file of the tenant (not_found)"),
+        408: declared("the body did not arrive within --body-timeout-s, or its lines were not registered within "
+                      "--upload-timeout-s (upload_timeout: the job failed)"),
+        413: declared("body over --max-batch-bytes"),
+        429: declared("the tenant has --uploads-per-tenant uploads in progress (too_many_uploads), its live_jobs or "
+                      "job_lines quota (quota_exceeded: the quota, its limit and the usage; nothing was created), or "
+                      "every Redis connection stayed busy (busy)"),
+        507: declared("Redis refuses writes for memory (store_full), or the tenant's stored results hold its "
+                      "stored_bytes quota (quota_exceeded)"),
+        422: declared("no body, or window_s / metadata out of bounds"),
         **{k: v for k, v in JOB_RESPONSES.items() if k not in (404, 429)},
     },
     # Any bytes but none are a valid body (no type in its schema): each line is a request, and a line
@@ -155,7 +153,7 @@ async def create_batch(
         return error(422, InvalidRequest("the request body is empty: a batch needs at least one line"))
     webhook_url = webhook_url or getattr(request.state, "webhook_url", None)  # the job's, else its key's
     if webhook_url is not None and (problem := state.settings.webhooks.problem(webhook_url, tenant)):
-        return openai_error(400, "invalid_request", problem, "webhook_url")
+        return error_response(400, "invalid_request", problem, param="webhook_url")
     return await _create(request, tenant, state, body, window_s, meta, input_file_id, webhook_url)
 
 
@@ -167,9 +165,8 @@ async def _create(request: Request, tenant: str | None, state: RouteState, body:
     running = state.uploading.get(tenant, 0)
     if running >= limit:
         message = f"{running} batch uploads of this tenant are in progress; limit {limit} (--uploads-per-tenant)"
-        info = ErrorInfo(type="too_many_uploads", message=message + ": retry when one ends")
-        return JSONResponse(ErrorAnswer(error=info).model_dump(mode="json"), status_code=429,
-                            headers={"Retry-After": str(UPLOAD_RETRY_AFTER_S)})
+        return error_response(429, "too_many_uploads", message + ": retry when one ends",
+                              headers={"Retry-After": str(UPLOAD_RETRY_AFTER_S)})
     s = state.settings
     job_id = new_job_id()
     # the tenant's stored bytes checked, its live jobs and their lines counted (this one reserved),
@@ -204,24 +201,25 @@ async def _create_params(body: bytes, tenant: str | None,
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        return openai_error(400, "invalid_request", f"the body is not JSON: {str(e)[:200]}")
+        return error_response(400, "invalid_request", f"the body is not JSON: {str(e)[:200]}", hint=jsonl_hint(body))
     if not isinstance(obj, dict):
-        return openai_error(400, "invalid_request", "a batch-create body is a JSON object {input_file_id, endpoint, "
-                            "completion_window}; to send the lines themselves, POST them as application/jsonl")
+        return error_response(400, "invalid_request", "a batch-create body is a JSON object {input_file_id, endpoint, "
+                              "completion_window}; to send the lines themselves, POST them as application/jsonl")
     problem = create_problem(obj)
     if problem is not None:
-        return openai_error(400, "invalid_request", problem[1], problem[0])
+        return error_response(400, "invalid_request", problem[1], param=problem[0],
+                              hint=form_hint(obj, "/v1/batches"))
     file_id = obj["input_file_id"]
     if id_problem(file_id):  # an id no file can have: none is there
-        return openai_error(404, "not_found", f"no file {file_id[:200]!r}", "input_file_id")
+        return error_response(404, "not_found", f"no file {file_id[:200]!r}", param="input_file_id")
     files = state.files(tenant, file_id)
     found = await files.info(file_id)
     if found is None:
-        return openai_error(404, "not_found", f"no file {file_id[:200]!r}: unknown, another tenant's, deleted or "
-                            "expired (POST /v1/files first, purpose batch)", "input_file_id")
+        return error_response(404, "not_found", f"no file {file_id[:200]!r}: unknown, another tenant's, deleted or "
+                              "expired (POST /v1/files first, purpose batch)", param="input_file_id")
     if found.purpose != "batch":
-        return openai_error(400, "invalid_request", f"file {file_id!r} has purpose {found.purpose!r}, not batch",
-                            "input_file_id")
+        return error_response(400, "invalid_request", f"file {file_id!r} has purpose {found.purpose!r}, not batch",
+                              param="input_file_id")
     content = b"".join([piece async for piece in files.content(file_id)])
     return (content, parse_window(obj["completion_window"]), dict(obj.get("metadata") or {}), file_id,
             obj.get("webhook_url"))
@@ -298,7 +296,7 @@ async def cancel_batch(job_id: str, tenant: Tenant, state: Shared) -> JSONRespon
     responses={
         200: {"description": "streamed JSONL: the answers (OpenAI-batch lines for custom_id input lines)",
               "content": {"application/jsonl": {"schema": {"type": "string"}}}},
-        409: {"model": ErrorAnswer, "description": "the job has not ended yet (job_running)"},
+        409: declared("the job has not ended yet (job_running)"),
         **JOB_RESPONSES,
     },
 )
@@ -306,10 +304,9 @@ async def batch_output(job_id: str, tenant: Tenant, state: Shared) -> Any:
     c = state.jobs_client(tenant)
     info = await _job_call(state, job_id, jobs.job_info, c, job_id)
     if not info.ended:
-        info_err = ErrorInfo(type="job_running", message=f"job {job_id} is {info.status} ({info.answered:,} of "
-                             f"{info.total:,} lines answered); its output is served once it has ended")
-        return JSONResponse(ErrorAnswer(model=state.settings.model, error=info_err).model_dump(mode="json"),
-                            status_code=409)
+        return error_response(409, "job_running", f"job {job_id} is {info.status} ({info.answered:,} of "
+                              f"{info.total:,} lines answered); its output is served once it has ended",
+                              model=state.settings.model)
 
     def lines() -> Any:  # a sync iterator: Starlette runs it in a worker thread, page by page
         for line, _ in jobs.job_lines(c, job_id):

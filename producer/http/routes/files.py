@@ -6,9 +6,10 @@
 - DELETE /v1/files/{id}: ``{"id", "object": "file", "deleted": true}``.
 A batch's output and error files (`<batch id>-output`, `<batch id>-errors`) are views of its job's
 answers: their content is streamed from the stored answers once the job has ended (the ok lines, or
-the others in OpenAI's error-file shape). Errors are OpenAI's shape, ``{"error": {"message", "type",
-"param", "code"}}``: 400 a body that is no multipart upload of a batch file, 404 no such file (unknown,
-another tenant's, deleted or expired), 413 over the size limit; 507 the tenant's stored_bytes quota.
+the others in OpenAI's error-file shape). Errors are the route's one envelope (producer.http.responses),
+which holds OpenAI's ``{"error": {"message", "type", "param", "code"}}``: 400 a body that is no
+multipart upload of a batch file, 404 no such file (unknown, another tenant's, deleted or expired), 413
+over the size limit; 507 the tenant's stored_bytes quota.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from producer.files import PURPOSES, FileInfo, Files, job_view, new_file_id
 from producer.http.body import receive_body
 from producer.http.deps import Shared, Tenant
 from producer.http.models import FileDeleted, FileList, FileObject
-from producer.http.responses import OPENAI_ERROR, openai_error
+from producer.http.responses import ERROR, error_response
 from producer.http.state import RouteState
 from vela2.errors import JobNotFound
 from vela2.wire.keys import id_problem
@@ -40,8 +41,8 @@ MAX_LIST = 10_000  # the largest `limit` of GET /v1/files
 async def _form(request: Request, body: bytes) -> tuple[Any, Any] | JSONResponse:
     """(the upload, purpose) of a multipart body, or the 400 saying what is missing."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        return openai_error(400, "invalid_request", "POST /v1/files takes a multipart/form-data body with the "
-                            f"fields file and purpose; got Content-Type {request.headers.get('content-type')!r}")
+        return error_response(400, "invalid_request", "POST /v1/files takes a multipart/form-data body with the "
+                              f"fields file and purpose; got Content-Type {request.headers.get('content-type')!r}")
 
     async def stream() -> AsyncGenerator[bytes, None]:
         yield body
@@ -49,22 +50,22 @@ async def _form(request: Request, body: bytes) -> tuple[Any, Any] | JSONResponse
     try:
         form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=8).parse()
     except MultiPartException as e:
-        return openai_error(400, "invalid_request", f"the multipart body could not be read: {e.message}")
+        return error_response(400, "invalid_request", f"the multipart body could not be read: {e.message}")
     unknown = sorted(set(form.keys()) - {"file", "purpose"})
     if unknown:
-        return openai_error(400, "invalid_request", f"unknown field(s) {', '.join(map(repr, unknown))[:300]}: "
-                            "an upload has the fields file and purpose", unknown[0][:100])
+        return error_response(400, "invalid_request", f"unknown field(s) {', '.join(map(repr, unknown))[:300]}: "
+                              "an upload has the fields file and purpose", unknown[0][:100])
     upload, purpose = form.get("file"), form.get("purpose")
     if upload is None or isinstance(upload, str):
-        return openai_error(400, "invalid_request", "the multipart body has no file field", "file")
+        return error_response(400, "invalid_request", "the multipart body has no file field", "file")
     if purpose not in PURPOSES:
-        return openai_error(400, "invalid_request", f"purpose must be one of {', '.join(PURPOSES)}; "
-                            f"got {purpose!r}", "purpose")
+        return error_response(400, "invalid_request", f"purpose must be one of {', '.join(PURPOSES)}; "
+                              f"got {purpose!r}", "purpose")
     return upload, purpose
 
 
 @router.post("/v1/files", summary="Upload a file (purpose batch: a batch's JSONL input)", response_model=FileObject,
-             responses={400: OPENAI_ERROR, 413: OPENAI_ERROR, 507: OPENAI_ERROR},
+             responses={400: ERROR, 413: ERROR, 507: ERROR},
              # the body is read raw (its size bounded as it arrives), so its form is declared here
              openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
                  "type": "object", "required": ["file", "purpose"], "additionalProperties": False,
@@ -81,10 +82,10 @@ async def upload_file(request: Request, tenant: Tenant, state: Shared) -> JSONRe
     upload, purpose = form
     content = await upload.read()
     if len(content) > limit:
-        return openai_error(413, "limit_exceeded", f"the file has {len(content):,} bytes; limit {limit:,} "
-                            "(--max-batch-bytes)", "file")
+        return error_response(413, "limit_exceeded", f"the file has {len(content):,} bytes; limit {limit:,} "
+                              "(--max-batch-bytes)", "file")
     if not content:
-        return openai_error(400, "invalid_request", "the file is empty: a batch file needs at least one line", "file")
+        return error_response(400, "invalid_request", "the file is empty: a batch file needs at least one line", "file")
     await state.usage.check([r for _, r in state.redises()], tenant or "", getattr(request.state, "quotas", None))
     file_id = new_file_id()
     info = await state.files(tenant, file_id).put(file_id, upload.filename or "upload.jsonl", purpose, content)
@@ -142,10 +143,10 @@ async def _info(state: RouteState, tenant: str | None, file_id: str) -> dict[str
 
 
 def _no_file(file_id: str) -> JSONResponse:
-    return openai_error(404, "not_found", f"no file {file_id[:200]!r}: unknown, another tenant's, deleted or expired")
+    return error_response(404, "not_found", f"no file {file_id[:200]!r}: unknown, another tenant's, deleted or expired")
 
 
-@router.get("/v1/files/{file_id}", summary="A file", response_model=FileObject, responses={404: OPENAI_ERROR})
+@router.get("/v1/files/{file_id}", summary="A file", response_model=FileObject, responses={404: ERROR})
 async def get_file(file_id: str, tenant: Tenant, state: Shared) -> JSONResponse:
     if id_problem(file_id):  # an id no file can have (over the id limit, not encodable)
         return _no_file(file_id)
@@ -154,7 +155,7 @@ async def get_file(file_id: str, tenant: Tenant, state: Shared) -> JSONResponse:
 
 
 @router.get("/v1/files/{file_id}/content", summary="A file's content, streamed", responses={
-    200: {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}, 404: OPENAI_ERROR})
+    200: {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}, 404: ERROR})
 async def file_content(file_id: str, tenant: Tenant, state: Shared) -> Any:
     if id_problem(file_id):
         return _no_file(file_id)
@@ -169,13 +170,13 @@ async def file_content(file_id: str, tenant: Tenant, state: Shared) -> Any:
 
 
 @router.delete("/v1/files/{file_id}", summary="Delete a file", response_model=FileDeleted,
-               responses={404: OPENAI_ERROR})
+               responses={400: ERROR, 404: ERROR})
 async def delete_file(file_id: str, tenant: Tenant, state: Shared) -> JSONResponse:
     if id_problem(file_id):
         return _no_file(file_id)
     if job_view(file_id) is not None:
-        return openai_error(400, "invalid_request", f"{file_id!r} is a batch's output or error file: a view of "
-                            "its answers, which go when the batch's results expire")
+        return error_response(400, "invalid_request", f"{file_id!r} is a batch's output or error file: a view of "
+                              "its answers, which go when the batch's results expire")
     if not await state.files(tenant, file_id).delete(file_id):
         return _no_file(file_id)
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})

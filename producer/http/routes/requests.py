@@ -21,11 +21,11 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
-from producer.answers import http_status
 from producer.http.body import receive_body
 from producer.http.deps import Shared, Tenant
-from producer.http.models import ErrorAnswer, Pending
-from producer.http.responses import ANSWER_RESPONSES, error, gone, pending
+from producer.http.errors import form_hint, jsonl_hint
+from producer.http.models import Pending
+from producer.http.responses import ANSWER_RESPONSES, declared, error, gone, pending, result_url, stored_answer
 from producer.http.state import Settings
 from producer.prepare import prepare_request
 from vela2.api.systemone import parse_request
@@ -35,6 +35,7 @@ from vela2.errors import (
     IdConflict,
     InvalidRequest,
     ModelMismatch,
+    NoWorker,
     QuotaExceeded,
     ResultExpired,
     StoreFull,
@@ -65,7 +66,7 @@ def query_parameters(settings: Settings) -> Callable[..., None]:
         ),
         deadline_s: float | None = Query(
             None, gt=0, le=LIMITS.max_deadline_s,
-            description="after this many seconds unscored, the worker answers expired (504)",
+            description="after this many seconds unscored, the worker answers expired (410)",
         ),
     ) -> None:
         request.state.submit_query = SubmitQuery(wait_s, deadline_s)
@@ -77,11 +78,11 @@ def read_system_one(body: bytes, model: str) -> tuple[Any, JSONResponse | None]:
     """A POSTed body as (request object, None) once it is valid JSON and a valid SystemOne request
     for `model` within every limit checked at submit (producer.prepare.prepare_request), else
     (the object or None, the error response: 400 not JSON / nested too deeply / another model, 422
-    invalid or over a limit)."""
+    invalid or over a limit; a body of another route's form gets a hint saying where it goes)."""
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
-        return None, error(400, InvalidRequest(f"request body is not valid JSON: {e}"))
+        return None, error(400, InvalidRequest(f"request body is not valid JSON: {e}"), hint=jsonl_hint(body))
     except RecursionError:
         return None, error(400, InvalidRequest("request body is not valid JSON: nested too deeply"))
     try:
@@ -92,7 +93,7 @@ def read_system_one(body: bytes, model: str) -> tuple[Any, JSONResponse | None]:
     except ModelMismatch as e:
         return obj, error(400, e, obj)
     except Vela2Error as e:
-        return obj, error(422, e, obj)
+        return obj, error(422, e, obj, hint=form_hint(obj, "/v1/system_one"))
     except RecursionError:
         return obj, error(400, InvalidRequest("request is nested too deeply"), obj)
     return obj, None
@@ -103,19 +104,14 @@ def read_system_one(body: bytes, model: str) -> tuple[Any, JSONResponse | None]:
     summary="Score a SystemOne request",
     responses={
         **ANSWER_RESPONSES,
-        202: {"model": Pending, "description": "queued; not answered in wait_s"},
-        408: {"model": ErrorAnswer, "description": "the body did not arrive within --body-timeout-s"},
-        429: {"model": ErrorAnswer, "description": "the tenant's requests_per_s or queued quota (quota_exceeded: the "
-                                                   "quota, its limit and the usage; Retry-After), or every Redis "
-                                                   "connection stayed busy (busy; Retry-After)"},
-        507: {"model": ErrorAnswer, "description": "Redis refuses writes for memory (store_full), or the tenant's "
-                                                   "stored results hold its stored_bytes quota (quota_exceeded; "
-                                                   "Retry-After): nothing was queued"},
-        410: {
-            "model": ErrorAnswer,
-            "description": "answered, and expired from the result store within wait_s (result_expired; "
-            "only when result_expires is shorter than the wait)",
-        },
+        202: {"model": Pending, "description": "queued; not answered in wait_s (the wait ran out: poll result_url)"},
+        408: declared("the body did not arrive within --body-timeout-s"),
+        503: declared("redis is unreachable; or no worker of the model has beaten for the grace period (no_worker: "
+                      "the request stays queued, the Location header and the hint say where to read it)"),
+        429: declared("the tenant's requests_per_s or queued quota (quota_exceeded: the quota, its limit and the "
+                      "usage; Retry-After), or every Redis connection stayed busy (busy; Retry-After)"),
+        507: declared("Redis refuses writes for memory (store_full), or the tenant's stored results hold its "
+                      "stored_bytes quota (quota_exceeded; Retry-After): nothing was queued"),
     },
     openapi_extra={
         "requestBody": {
@@ -156,8 +152,13 @@ async def post_system_one(request: Request, tenant: Tenant, state: Shared) -> JS
     wait = settings.timeout_s if query.wait_s is None else query.wait_s
     try:
         answer = await state.client(tenant).answer(rid, timeout_s=wait)
+    except NoWorker as e:  # queued, and no worker would answer it now: 503 (wait_s=0 looks once: 202)
+        url = result_url(request, rid)
+        response = error(503, e, obj, hint=f"it stays queued: read it later at {url}")
+        response.headers["Location"] = url
+        return response
     except TimeoutError:
         return pending(request, rid)
     except ResultExpired as e:  # answered and expired within the wait: result_expires is tiny
         return gone(settings.model, rid, e)
-    return JSONResponse(answer, status_code=http_status(answer))
+    return stored_answer(answer)

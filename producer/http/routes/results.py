@@ -1,7 +1,8 @@
 """GET /v1/results/{id} and GET /v1/results?id=: the stored answer of a request (200, or the answer's
-own status code); 202 while one submitted by a tracking producer is pending; 410 once it was
-answered and its answer has expired from the result store; 404 for an id never submitted by a
-tracking producer. One MGET per GET (the result and the submitted marker together)."""
+own status code: 410 for one whose deadline_s passed unscored); 202 while one submitted by a tracking
+producer is pending; 410 once it was answered and its answer has expired from the result store; 404
+(not_found) for an id never submitted by a tracking producer. One MGET per GET (the result and the
+submitted marker together)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.convertors import Convertor, register_url_convertor
 
-from producer.answers import http_status, result_expired_error
+from producer.answers import result_expired_error
 from producer.http.deps import Shared, Tenant
-from producer.http.models import ErrorAnswer, NotFound, Pending
-from producer.http.responses import ANSWER_RESPONSES, gone, pending
+from producer.http.models import Pending
+from producer.http.responses import ANSWER_RESPONSES, declared, error_response, gone, pending, stored_answer
 from vela2.errors import InvalidRequest
 
 router = APIRouter()
@@ -36,15 +37,10 @@ class _AnyId(Convertor[str]):
 register_url_convertor("any_id", _AnyId())
 
 GET_RESULT_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **{k: v for k, v in ANSWER_RESPONSES.items() if k not in (400, 409, 413)},
+    **{k: v for k, v in ANSWER_RESPONSES.items() if k != 413},  # a stored answer may be any error but 413
     202: {"model": Pending, "description": "submitted, not answered yet"},
-    429: {"model": ErrorAnswer, "description": "every Redis connection stayed busy (busy; Retry-After)"},
-    404: {"model": NotFound, "description": "unknown id (never submitted by a tracking producer)"},
-    410: {
-        "model": ErrorAnswer,
-        "description": "answered, but the answer expired from the result store (error.type "
-        "result_expired); POST the request again to score it anew",
-    },
+    429: declared("every Redis connection stayed busy (busy; Retry-After)"),
+    404: declared("unknown id (not_found: never submitted by a tracking producer)"),
 }
 
 
@@ -58,17 +54,16 @@ async def get_result(request: Request, request_id: str, tenant: Tenant, state: S
     try:
         found, answer = await state.client(tenant).lookup(request_id)  # one MGET: result and marker together
     except InvalidRequest as e:  # an id no request can have (over the limit): unknown, and why
-        return JSONResponse({"detail": f"no request {request_id[:80]!r} is known: {e}"}, status_code=404)
+        return error_response(404, "not_found", f"no request {request_id[:80]!r} is known: {e}",
+                              model=state.settings.model)
     if answer is not None:
-        return JSONResponse(answer, status_code=http_status(answer))
+        return stored_answer(answer)
     if found == "expired":
         return gone(state.settings.model, request_id, result_expired_error(request_id))
     if found == "pending":
         return pending(request, request_id)
-    return JSONResponse(
-        {"detail": f"no request {request_id!r} is known: never submitted by a tracking producer"},
-        status_code=404,
-    )
+    return error_response(404, "not_found", f"no request {request_id!r} is known: never submitted by a tracking "
+                          "producer", model=state.settings.model, rid=request_id)
 
 
 @router.get(

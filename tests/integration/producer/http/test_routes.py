@@ -94,6 +94,8 @@ def test_refusals_are_4xx_with_clear_messages_and_nothing_is_queued(redis_url, r
         assert r.json()["error"] == {
             "type": "model_mismatch",
             "message": "request names model 'vela2-9b'; this route serves 'vela2-demo'",
+            "param": None,
+            "code": "model_mismatch",
         }
         assert r.json()["id"] == "http-1" and r.json()["status"] == "error"
 
@@ -143,7 +145,8 @@ def test_refusals_are_4xx_with_clear_messages_and_nothing_is_queued(redis_url, r
             assert r.json()["error"]["type"] == "invalid_request" and "deadline_s" in r.json()["error"]["message"]
 
         r = http.get("/v1/results/never-submitted")
-        assert r.status_code == 404 and "never-submitted" in r.json()["detail"]
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found", r.text
+        assert "never-submitted" in r.json()["error"]["message"] and r.json()["id"] == "never-submitted"
 
     client = redis_server.client()
     try:
@@ -166,7 +169,10 @@ def test_pending_expired_and_worker_failures_map_to_status_codes(redis_url, redi
             if r.status_code != 202:
                 break
             time.sleep(0.01)
-        assert r.status_code == 504 and r.json()["status"] == "expired"
+        # the caller's own deadline passed: 410 (never a 5xx), the stored answer in the error envelope
+        assert r.status_code == 410 and r.json()["status"] == "expired", r.text
+        assert r.json()["error"]["type"] == r.json()["error"]["code"] == "expired"
+        assert "new id" in r.json()["error"]["hint"]
 
     # What the worker stored decides the code: a model failure is 500, a refused request 422.
     store = ResultStore(redis_server.client())
@@ -247,9 +253,10 @@ def test_openapi_describes_every_route_and_the_systemone_schemas(redis_url, http
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/SystemOneRequest"
     }
-    assert {"200", "202", "400", "413", "422", "503", "504"} <= set(post["responses"])
+    assert {"200", "202", "400", "410", "413", "422", "503"} <= set(post["responses"])
+    assert "504" not in post["responses"]  # a request's own deadline passing is a 410, no server error
     get = spec["paths"]["/v1/results/{request_id}"]["get"]
-    assert {"200", "202", "404", "410", "500", "503", "504"} <= set(get["responses"])
+    assert {"200", "202", "404", "410", "500", "503"} <= set(get["responses"]) and "504" not in get["responses"]
     assert "result_expired" in get["responses"]["410"]["description"]
     schemas = spec["components"]["schemas"]
     assert {"SystemOneRequest", "SystemOneTask", "SystemOneAnswer", "TaskAnswer", "Pending", "Batch"} <= set(schemas)
