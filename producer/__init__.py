@@ -10,7 +10,8 @@ from Redis; a LookupError), JobNotFound (a bulk job id that is unknown; a Lookup
 submit's max_queued, refused it before anything was written), and Vela2Error, the base of them
 all. CellsClient / AsyncCellsClient are the clients of a deployment of many Redis cells
 (producer.cells); a cell that is down raises CellUnavailable for its ids only. Redis being away
-raises redis.ConnectionError; a wait past its timeout raises TimeoutError.
+raises redis.ConnectionError; a wait past its timeout raises TimeoutError, and one for a model no
+worker has served for the clients' no_worker_grace_s raises NoWorker (a TimeoutError) at once.
 Test helpers: producer.testing.
 """
 
@@ -24,6 +25,7 @@ from vela2.errors import (
     JobNotFound,
     LimitExceeded,
     ModelMismatch,
+    NoWorker,
     QuotaExceeded,
     ResultExpired,
     StoreFull,
@@ -31,5 +33,5 @@ from vela2.errors import (
 )
 
 __all__ = ["AsyncCellsClient", "AsyncClient", "CellUnavailable", "CellsClient", "Client", "IdConflict",
-           "InvalidRequest", "JobNotFound", "LimitExceeded", "ModelMismatch", "QuotaExceeded", "ResultExpired",
-           "StoreFull", "Vela2Error"]
+           "InvalidRequest", "JobNotFound", "LimitExceeded", "ModelMismatch", "NoWorker", "QuotaExceeded",
+           "ResultExpired", "StoreFull", "Vela2Error"]

@@ -17,7 +17,10 @@ Validation and message building are producer.prepare's (`prepare_request`,
 `pack_messages`), and so are the states and terminal outcomes: submissions are tracked by default;
 an id whose answer expired from the result store makes `result` / `answer` raise
 `vela2.errors.ResultExpired` at once and maps to an error result of type "result_expired" in
-`results_many` / `answers_many`; `status(id)` says "answered" / "pending" / "expired" / "unknown".
+`results_many` / `answers_many`; `status(id)` says "answered" / "pending" / "no_worker" / "expired" /
+"unknown"; a wait ends with `vela2.errors.NoWorker` once no worker of the model has beaten for
+`no_worker_grace_s` (producer.client says when; each waiting coroutine asks producer.liveness about
+every second, which reads Redis only when no beat is young enough).
 Use one client per event loop (redis.asyncio connections belong to the loop that opened them).
 No celery, no torch.
 """
@@ -27,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -37,7 +40,8 @@ import redis.exceptions
 from producer import brokers
 from producer.answers import expired_answer, expired_row, result_expired_error
 from producer.brokers import AmqpPublisher, check_pushed, queue_commands
-from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
+from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL, RequestStatus
+from producer.liveness import DEFAULT_GRACE_S, Liveness, wait_checked
 from producer.prepare import pack_messages, prepare_many, prepare_request
 from producer.scope import Scope
 from producer.submitting import (
@@ -58,6 +62,7 @@ from producer.submitting import (
 )
 from producer.waiting import check_timeout
 from vela2.api.schemas import RowResult
+from vela2.errors import NoWorker
 from vela2.wire import scripts, tracing
 from vela2.wire.connections import async_redis_client
 from vela2.wire.keys import RESULT_PREFIX, is_amqp_url, queue_name, result_key, submitted_key
@@ -142,10 +147,11 @@ class _Poller:
         self._push_off = False  # SUBSCRIBE failed once: poll only from then on
         self._listener: asyncio.Task | None = None
 
-    async def wait(self, ids: Iterable[str], timeout_s: float | None) -> dict[str, Any]:
+    async def wait(self, ids: Iterable[str], timeout_s: float | None,
+                   check: Callable[[], Awaitable[None]] | None = None) -> dict[str, Any]:
         """id -> raw stored meta, EXPIRED for an id whose answer expired, or None for ids with no
         result when timeout_s runs out. Raises what Redis raised if the poll fails (e.g.
-        redis.ConnectionError)."""
+        redis.ConnectionError), and what `check` raises (producer.liveness.wait_checked: NoWorker)."""
         loop = asyncio.get_running_loop()
         futures = {rid: loop.create_future() for rid in dict.fromkeys(ids)}
         fresh = [rid for rid in futures if rid not in self._waiting]
@@ -158,7 +164,7 @@ class _Poller:
             if self._task is None or self._task.done():
                 self._task = asyncio.create_task(self._run(), name="vela2-result-poller")
             if futures:
-                await asyncio.wait(list(futures.values()), timeout=timeout_s)
+                await wait_checked(list(futures.values()), timeout_s, check)
         finally:
             done = []
             for rid, fut in futures.items():
@@ -293,7 +299,7 @@ class AsyncClient:
     The constructor takes what `producer.Client` takes (`redis` then is a `redis.asyncio.Redis`, or
     in tests a `fakeredis.FakeAsyncRedis`; `aclose()` closes only a pool this client made), plus the
     poller's pauses `poll_min_s` / `poll_max_s` (see the module docstring). Checks at submit and the
-    exceptions raised are Client's.
+    exceptions raised are Client's (`no_worker_grace_s` too; `liveness`: another client's, shared).
     """
 
     def __init__(
@@ -312,6 +318,8 @@ class AsyncClient:
         wait_replicas: int = 0,
         subscriber: Any = None,
         poller: _Poller | None = None,
+        no_worker_grace_s: float | None = DEFAULT_GRACE_S,
+        liveness: Liveness | None = None,
     ):
         self.wait_replicas = brokers.check_wait_replicas(wait_replicas, broker_url)  # as producer.Client's
         self._owns_redis = redis is None  # aclose closes only a connection pool this client made
@@ -330,6 +338,8 @@ class AsyncClient:
         self._poll = (poll_min_s, poll_max_s)
         self._owns_poller = poller is None  # aclose stops only a poller this client made
         self.poller = _Poller(self.redis, poll_min_s, poll_max_s, subscriber) if poller is None else poller
+        # when waits give up (NoWorker): one per model's pool, shared by its tenants' clients
+        self.liveness = Liveness(model, no_worker_grace_s) if liveness is None else liveness
 
     def with_tenant(self, tenant: str | None) -> AsyncClient:
         """A client for `tenant` over this one's connection pool and result waits (one poller and one
@@ -337,7 +347,7 @@ class AsyncClient:
         return AsyncClient(model=self.model, redis=self.redis, broker=self.broker, track_submitted=self.track_submitted,
                            submitted_ttl_s=self.submitted_ttl_s, poll_min_s=self._poll[0],
                            poll_max_s=self._poll[1], tenant=tenant, wait_replicas=self.wait_replicas,
-                           poller=self.poller)
+                           poller=self.poller, liveness=self.liveness)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -473,19 +483,43 @@ class AsyncClient:
         """(state, stored answer or None) of one id now (one MGET); the HTTP GET route's read."""
         return (await self.lookup_many([request_id]))[request_id]
 
-    async def status(self, request_id: str) -> State:
-        """The state now: "answered", "pending", "expired" or "unknown" (see producer.client; one MGET)."""
-        return (await self.lookup(request_id))[0]
+    async def status(self, request_id: str) -> RequestStatus:
+        """The state now: "answered", "pending", "no_worker", "expired" or "unknown" (see
+        producer.client; one MGET, and for a pending id the beats when the newest known is too old)."""
+        state = (await self.lookup(request_id))[0]
+        if state == "pending" and await self.liveness.absent_async(self.redis) is not None:
+            return "no_worker"
+        return state
 
     async def is_submitted(self, request_id: str) -> bool:
-        """True while a tracked submission is pending (submitted, not answered yet); False once
-        answered or expired, and for unknown ids. See `status`."""
-        return await self.status(request_id) == "pending"
+        """True while a tracked submission is pending (submitted, not answered yet: "pending" or
+        "no_worker"); False once answered or expired, and for unknown ids. See `status`."""
+        return await self.status(request_id) in ("pending", "no_worker")
+
+    async def _check(self) -> None:
+        """A wait's liveness check (NoWorker); a busy pool skips it (the next one reads)."""
+        try:
+            await self.liveness.check_async(self.redis)
+        except Busy:
+            pass
+
+    async def _wait(self, wire: list[str], timeout_s: float | None) -> dict[str, Any]:
+        """The poller's wait with the liveness check; on NoWorker the ids are read once more (an
+        answer stored meanwhile is returned, never NoWorker), what was read goes in its `done` (raw)."""
+        try:
+            return await self.poller.wait(wire, timeout_s, self._check)
+        except NoWorker as e:
+            got = split_state(wire, await self.redis.mget(state_keys(wire)))
+            raws = {w: EXPIRED if state_of(raw, marker) == "expired" else raw for w, (raw, marker) in got.items()}
+            if all(v is not None for v in raws.values()):
+                return raws
+            e.done = {w: v for w, v in raws.items() if v is not None}
+            raise
 
     async def _one(self, request_id: str, timeout_s: float | None, parse: Any) -> Any:
         timeout_s = check_timeout(timeout_s)
         wire = self.scope.wire(request_id)
-        raw = (await self.poller.wait([wire], timeout_s))[wire]
+        raw = (await self._wait([wire], timeout_s))[wire]
         if raw is EXPIRED:
             raise result_expired_error(request_id)
         value = parse(raw)
@@ -496,13 +530,19 @@ class AsyncClient:
     async def _many(self, ids: Iterable[str], timeout_s: float | None, parse: Any, expired: Any) -> dict[str, Any]:
         timeout_s = check_timeout(timeout_s)
         wire = {rid: self.scope.wire(rid) for rid in ids}
-        raws = await self.poller.wait(list(wire.values()), timeout_s)
+        try:
+            raws = await self._wait(list(wire.values()), timeout_s)
+        except NoWorker as e:  # its answers read, parsed, by the caller's ids
+            e.done = {rid: self.scope.back(expired(w) if e.done[w] is EXPIRED else parse(e.done[w]), w)
+                      for rid, w in wire.items() if w in e.done}
+            raise
         return {rid: self.scope.back(expired(w) if raws[w] is EXPIRED else parse(raws[w]), w)
                 for rid, w in wire.items()}
 
     async def result(self, request_id: str, timeout_s: float | None = None) -> RowResult:
         """Await one RowResult; TimeoutError after timeout_s; ResultExpired (at once) when its
-        answer has expired from the result store."""
+        answer has expired from the result store; NoWorker once no worker of the model has beaten
+        for no_worker_grace_s."""
         return await self._one(request_id, timeout_s, parse_meta)
 
     async def answer(self, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any
 import redis.exceptions
 
 from producer.aio import AsyncClient
-from producer.client import DEFAULT_MODEL, Client
+from producer.client import DEFAULT_MODEL, Client, RequestStatus
 from producer.prepare import pack_messages, prepare_many, prepare_request
 from producer.scope import Scope
 from producer.submitting import Claims, release_quietly
@@ -55,6 +55,13 @@ class _Routing:
 
     map: CellMap
     scope: Scope
+
+    @staticmethod
+    def _home(by_cell: dict[int, list[str]]) -> tuple[int, list[str]]:
+        """The cell of a one-id read plan (`_read_cells`) and its ids: a moved id leaves an empty list
+        behind in the cell it moved to."""
+        (index, rids), = ((i, rids) for i, rids in by_cell.items() if rids)
+        return index, rids
 
     def _down(self, failed: dict[int, BaseException], ids_of: dict[int, list[str]],
               done: dict[str, Any] | None = None) -> CellUnavailable:
@@ -213,7 +220,7 @@ class CellsClient(_Routing):
         return {rid: got[rid] for rid in ids}
 
     def _one(self, request_id: str, method: str, timeout_s: float | None) -> Any:
-        (index, rids), = self._read_cells([request_id]).items()
+        index, rids = self._home(self._read_cells([request_id]))
         return self._call(index, rids, method, request_id, timeout_s)
 
     def cancel(self, ids: Iterable[str]) -> list[str]:
@@ -236,9 +243,11 @@ class CellsClient(_Routing):
         """(state, stored answer or None) of one id now."""
         return self.lookup_many([request_id])[request_id]
 
-    def status(self, request_id: str) -> State:
-        """"answered", "pending", "expired" or "unknown" (producer.Client.status)."""
-        return self.lookup(request_id)[0]
+    def status(self, request_id: str) -> RequestStatus:
+        """"answered", "pending", "no_worker", "expired" or "unknown" in its cell (producer.Client.status:
+        "no_worker" when no worker of that cell beats)."""
+        index, rids = self._home(self._read_cells([request_id]))
+        return self._call(index, rids, "status", request_id)
 
     def result(self, request_id: str, timeout_s: float | None = None) -> RowResult:
         """Wait for one RowResult in its cell (producer.Client.result)."""
@@ -408,12 +417,16 @@ class AsyncCellsClient(_Routing):
         """(state, stored answer or None) of one id now."""
         return (await self.lookup_many([request_id]))[request_id]
 
-    async def status(self, request_id: str) -> State:
-        """"answered", "pending", "expired" or "unknown"."""
-        return (await self.lookup(request_id))[0]
+    async def status(self, request_id: str) -> RequestStatus:
+        """"answered", "pending", "no_worker", "expired" or "unknown" in its cell."""
+        index, rids = self._home(await self._read_cells([request_id]))
+        try:
+            return await self.clients[index].status(request_id)
+        except DOWN as exc:
+            raise CellUnavailable(str(self.map.cells[index]), rids, exc) from exc
 
     async def _one(self, request_id: str, method: str, timeout_s: float | None) -> Any:
-        (index, rids), = (await self._read_cells([request_id])).items()
+        index, rids = self._home(await self._read_cells([request_id]))
         try:
             return await getattr(self.clients[index], method)(request_id, timeout_s)
         except DOWN as exc:

@@ -15,7 +15,7 @@ answers `expired` instead of scoring.
 
 Submissions are tracked (`track_submitted=True`, the default): the push also sets the
 `vela2:submitted:<id>` marker in the same round trip, and the worker turns it into "answered" when
-it stores the result. So every read tells four states apart (`status(id)`):
+it stores the result. So every read tells four states apart (`status(id)` tells a fifth):
 
 - "answered": the result is stored;
 - "pending": submitted, no result yet;
@@ -23,7 +23,17 @@ it stores the result. So every read tells four states apart (`status(id)`):
   `result` / `answer` raise `vela2.errors.ResultExpired` at once (never an endless wait), and
   `results_many` / `answers_many` map the id to an error result of type "result_expired";
 - "unknown": never submitted by a tracking client (or so long ago that its marker is gone too);
-  waits wait, as for any id a worker may still answer.
+  waits wait, as for any id a worker may still answer;
+- "no_worker" (`status` only, instead of "pending"): submitted, not answered, and no worker of the
+  model has beaten for `no_worker_grace_s` (producer.liveness): it stays queued, and is answered once
+  a worker of the model runs.
+
+A wait (`result`, `answer`, `results_many`, `answers_many`) that finds no answer ends with
+`vela2.errors.NoWorker` (a TimeoutError) as soon as no worker of the model has beaten, nor said it
+is starting, for `no_worker_grace_s` (default 30 s; None: off), instead of waiting out its timeout;
+a busy worker beats, so a long queue never raises it, and an answer stored already is returned
+first. While a worker beats this costs no round trip (producer.liveness). A wait with a timeout of
+0 is one look and never raises it.
 
 Reads are pipelined: each poll is ONE MGET over the result keys and the marker keys of the ids
 still missing (MGET is atomic, so the worker's result-and-marker write is never seen half done).
@@ -39,12 +49,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import redis.exceptions
 
 from producer import brokers
 from producer.answers import RESULT_EXPIRED, expired_answer, expired_row, result_expired_error
+from producer.liveness import DEFAULT_GRACE_S, Liveness
 from producer.prepare import check_words, pack_messages, prepare_many, prepare_request
 from producer.scope import Scope
 from producer.submitting import (
@@ -66,6 +77,7 @@ from producer.submitting import (
 )
 from producer.waiting import Subscriptions, check_timeout, wait_many, wait_one
 from vela2.api.schemas import RowResult
+from vela2.errors import NoWorker
 from vela2.wire import scripts, tracing
 from vela2.wire.connections import redis_client
 from vela2.wire.keys import queue_name, submitted_key
@@ -82,6 +94,8 @@ from vela2.wire.results import (
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MODEL = "vela2-demo"
+# what `status` says: the stored state, or "no_worker" for a pending request no worker would answer now
+RequestStatus = State | Literal["no_worker"]
 
 
 class Client:
@@ -102,6 +116,8 @@ class Client:
     messages (Redis WAIT, up to producer.brokers.WAIT_REPLICAS_TIMEOUT_MS, then NotReplicated, a
     redis TimeoutError: submit again); so a Sentinel failover cannot lose an accepted submission.
     Default 0: the master's reply is enough (a failover may lose the last accepted ones).
+    `no_worker_grace_s`: a wait ends with NoWorker once no worker of `model` has beaten for this
+    long (at least producer.liveness.MIN_GRACE_S; None: waits wait out their timeout).
 
     Checked here before anything is queued, with the worker's own validators and messages: every
     field rule and limit of a request (vela2.config.LIMITS: text characters and words, questions,
@@ -124,6 +140,7 @@ class Client:
         broker_url: str | None = None,
         broker: Any = None,
         wait_replicas: int = 0,
+        no_worker_grace_s: float | None = DEFAULT_GRACE_S,
     ):
         # a push returns once this many replicas of the broker's Redis have it (WAIT; see "Redis Sentinel")
         self.wait_replicas = brokers.check_wait_replicas(wait_replicas, broker_url)
@@ -137,6 +154,7 @@ class Client:
         self.track_submitted = track_submitted
         self.submitted_ttl_s = check_ttl(submitted_ttl_s)
         self._subscriptions = Subscriptions(self.redis)  # result waits: one pub/sub connection per thread
+        self.liveness = Liveness(model, no_worker_grace_s)  # when waits give up: no worker beats
         tracing.configure("vela2-producer")  # only when OTEL_* variables ask for traces (vela2.wire.tracing)
 
     def __enter__(self) -> Client:
@@ -282,31 +300,44 @@ class Client:
         """(state, stored answer or None) of one id now (one MGET)."""
         return self.lookup_many([request_id])[request_id]
 
-    def status(self, request_id: str) -> State:
-        """The state now: "answered", "pending", "expired" or "unknown" (module docstring; one MGET)."""
-        return self.lookup(request_id)[0]
+    def status(self, request_id: str) -> RequestStatus:
+        """The state now: "answered", "pending", "no_worker", "expired" or "unknown" (module docstring;
+        one MGET, and for a pending id the beats when the newest known is older than the grace)."""
+        state = self.lookup(request_id)[0]
+        if state == "pending" and self.liveness.absent(self.redis) is not None:
+            return "no_worker"
+        return state
 
     def is_submitted(self, request_id: str) -> bool:
-        """True while a tracked submission is pending: submitted, not answered yet. False once it is
-        answered (or its answer expired), and for unknown ids. See `status`."""
-        return self.status(request_id) == "pending"
+        """True while a tracked submission is pending: submitted, not answered yet ("pending" or
+        "no_worker"). False once it is answered (or its answer expired), and for unknown ids."""
+        return self.status(request_id) in ("pending", "no_worker")
+
+    def _check(self) -> None:
+        """A wait's liveness check (NoWorker)."""
+        self.liveness.check(self.redis)
 
     def result(self, request_id: str, timeout_s: float | None = None) -> RowResult:
         """Wait for one RowResult (pub/sub on its key, so no polling); TimeoutError after timeout_s;
-        ResultExpired when its answer has expired from the result store (at once, whatever timeout_s)."""
+        ResultExpired when its answer has expired from the result store (at once, whatever timeout_s);
+        NoWorker once no worker of the model has beaten for no_worker_grace_s."""
         wire = self.scope.wire(request_id)
-        return self.scope.back(wait_one(self.redis, wire, timeout_s, parse_meta, self._subscriptions), wire)
+        return self.scope.back(wait_one(self.redis, wire, timeout_s, parse_meta, self._subscriptions,
+                                        self._check), wire)
 
     def answer(self, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:
         """Wait for one product answer: a SystemOne request's answer, else the RowResult dict.
-        TimeoutError / ResultExpired as `result`."""
+        TimeoutError / ResultExpired / NoWorker as `result`."""
         wire = self.scope.wire(request_id)
-        return self.scope.back(wait_one(self.redis, wire, timeout_s, parse_answer, self._subscriptions), wire)
+        return self.scope.back(wait_one(self.redis, wire, timeout_s, parse_answer, self._subscriptions,
+                                        self._check), wire)
 
     def results_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, RowResult | None]:
         """Wait for many results, one MGET (result + marker keys) per poll over the ids still
         missing. An id whose answer expired maps to an error RowResult of type "result_expired"
-        (never None: it will not come); ids without a result when timeout_s runs out map to None."""
+        (never None: it will not come); ids without a result when timeout_s runs out map to None.
+        NoWorker (the answers read in its `done`) once no worker of the model has beaten for
+        no_worker_grace_s."""
         return self._read_many(list(ids), timeout_s, parse_meta, expired_row)
 
     def answers_many(self, ids: Iterable[str], timeout_s: float | None = None) -> dict[str, dict[str, Any] | None]:
@@ -317,7 +348,11 @@ class Client:
     def _read_many(self, ids: list[str], timeout_s: float | None, parse: Any, expired: Any) -> dict[str, Any]:
         timeout_s = check_timeout(timeout_s)
         wire = {rid: self.scope.wire(rid) for rid in ids}
-        got = wait_many(self.redis, list(wire.values()), timeout_s, parse, expired)
+        try:
+            got = wait_many(self.redis, list(wire.values()), timeout_s, parse, expired, self._check)
+        except NoWorker as e:  # its answers by the caller's ids
+            e.done = {rid: self.scope.back(e.done[w], w) for rid, w in wire.items() if w in e.done}
+            raise
         return {rid: self.scope.back(got[w], w) for rid, w in wire.items()}
 
     def ping(self) -> bool:
@@ -339,6 +374,7 @@ __all__ = [
     "Client",
     "check_words",
     "State",
+    "RequestStatus",
     "expired_answer",
     "expired_row",
     "pack_messages",

@@ -1,6 +1,8 @@
 """`vela2 status`: the one screen an operator reads first. For each model (every model with a queue,
-a dead letter or a live worker in this Redis, or those named by --model): its queues' depths
-(online, backfill, dead letters) and its live workers, each with its device, precision, checkpoint
+a dead letter or a live or starting worker in this Redis, or those named by --model): its queues'
+depths (online, backfill, dead letters), its workers still starting (loading the model:
+worker.runtime.announce) and its live workers, each named by its Celery node name (the worker's
+--hostname, as Flower shows it) with its device, precision, checkpoint
 digest, batches per second, held messages, answers by status and failures by reason (from the
 description every worker rewrites with its heartbeat, vela2.wire.fleet); then the messages held by
 workers of any model (kombu's unacked hash). `--tenants` adds, per model, each tenant's messages
@@ -43,7 +45,8 @@ SCAN_COUNT = 1000  # keys per SCAN step while looking for models
 
 
 def models_in(client: Any) -> list[str]:
-    """Every model this Redis knows: one with a queue, a dead-letter list or a heartbeat set."""
+    """Every model this Redis knows: one with a queue, a dead-letter list or a heartbeat set (of live
+    or starting workers)."""
     found: set[str] = set()
     for raw in client.scan_iter(match=f"{keys.QUEUE_PREFIX}*", count=SCAN_COUNT):
         name = (raw.decode() if isinstance(raw, bytes) else raw)[len(keys.QUEUE_PREFIX):]
@@ -51,13 +54,22 @@ def models_in(client: Any) -> list[str]:
         for suffix in (keys.BACKFILL_SUFFIX, keys.DEAD_SUFFIX):
             name = name.removesuffix(suffix)
         found.add(name)
-    for raw in client.scan_iter(match=f"{keys.WORKERS_PREFIX}*", count=SCAN_COUNT):
-        found.add((raw.decode() if isinstance(raw, bytes) else raw)[len(keys.WORKERS_PREFIX):])
+    for prefix in (keys.WORKERS_PREFIX, keys.STARTING_PREFIX):
+        for raw in client.scan_iter(match=f"{prefix}*", count=SCAN_COUNT):
+            found.add(_text(raw)[len(prefix):])
     return sorted(m for m in found if m)
 
 
+def starting_workers(client: Any, model_name: str, now: float | None = None) -> list[dict[str, Any]]:
+    """{"worker": node name, "beat_at"} of `model_name`'s workers still starting (a starting beat at
+    most fleet.STALE_S old), oldest beat first."""
+    now = time.time() if now is None else now
+    return [{"worker": _text(w), "beat_at": float(at)} for w, at in
+            client.zrangebyscore(keys.starting_key(model_name), now - fleet.STALE_S, "+inf", withscores=True)]
+
+
 def gather(client: Any, models: list[str] | None = None, broker: Any = None, tenants: bool = False) -> dict[str, Any]:
-    """The status as JSON-able data: {"models": {name: {"queues", "dead", "workers"[, "tenants"]}},
+    """The status as JSON-able data: {"models": {name: {"queues", "dead", "workers", "starting"[, "tenants"]}},
     "unacked"}. `client`: the result store (dead letters, heartbeats, quotas); `broker`: the Redis the
     queues live in (default `client`), or a RabbitMQ URL (ready messages only; "unacked" is then
     None; no tenant's messages are told apart there). `tenants`: add each model's per-tenant usage."""
@@ -78,6 +90,7 @@ def gather(client: Any, models: list[str] | None = None, broker: Any = None, ten
             "queues": {"online": depths[keys.online_queue(name)], "backfill": depths[keys.backfill_queue(name)]},
             "dead": int(client.llen(keys.dead_letter(name))),
             "workers": fleet.live_workers(client, name),
+            "starting": starting_workers(client, name),
         }
         if tenants:
             out["models"][name]["tenants"] = tenant_usage(client, None if amqp else broker, name, by_tenant)
@@ -114,11 +127,13 @@ def gather_cells(cell_map: CellMap, models: list[str] | None = None, tenants: bo
         out["cells"].append({**about, "up": True})
         out["unacked"] = None if one["unacked"] is None or out["unacked"] is None else out["unacked"] + one["unacked"]
         for name, m in one["models"].items():
-            merged = out["models"].setdefault(name, {"queues": {"online": 0, "backfill": 0}, "dead": 0, "workers": []})
+            merged = out["models"].setdefault(name, {"queues": {"online": 0, "backfill": 0}, "dead": 0, "workers": [],
+                                                     "starting": []})
             for q in ("online", "backfill"):
                 merged["queues"][q] += m["queues"][q]
             merged["dead"] += m["dead"]
             merged["workers"] += [{**w, "cell": cell.name} for w in m["workers"]]
+            merged["starting"] += [{**w, "cell": cell.name} for w in m["starting"]]
             for tenant, u in m.get("tenants", {}).items():
                 into = merged.setdefault("tenants", {}).setdefault(tenant, {**u, **dict.fromkeys(SUMMED, 0)})
                 for k in SUMMED:
@@ -176,8 +191,9 @@ def render(status: dict[str, Any]) -> str:
         lines.append("no model has a queue or a live worker in this Redis")
     for name, m in status["models"].items():
         q = m["queues"]
+        starting = m.get("starting") or []
         lines.append(f"{name}: online {q['online']:,} | backfill {q['backfill']:,} | dead letters {m['dead']:,} | "
-                     f"live workers {len(m['workers'])}")
+                     f"live workers {len(m['workers'])}" + (f" | starting {len(starting)}" if starting else ""))
         digests = {w.get("digest") for w in m["workers"] if w.get("digest")}
         if len(digests) > 1:
             lines.append(f"  MIXED: {len(digests)} checkpoint digests serve this model name")
@@ -193,6 +209,9 @@ def render(status: dict[str, Any]) -> str:
                 + (", ".join(f"{k} {v:,}" for k, v in sorted(answered.items())) or "none")
                 + (" | failures " + ", ".join(f"{k} {v:,}" for k, v in sorted(failures.items())) if failures else "")
             )
+        for w in starting:
+            cell = f"[{w['cell']}] " if "cell" in w else ""
+            lines.append(f"  {cell}{w['worker']}: starting (loading the model; requests wait for it)")
         if "tenants" in m:
             none = " (none with messages waiting, a share, live jobs or stored results)"
             lines.append(f"  tenants: {len(m['tenants'])}" + ("" if m["tenants"] else none))

@@ -3,7 +3,10 @@ polling; over one pub/sub connection per client and thread, kept between waits: 
 many ids with ONE MGET per poll over the result and marker keys of those still missing
 (MGET is atomic, so the worker's result-and-marker write is never seen half done). An id whose
 answer came and expired (its marker says "answered", its result is gone) ends the wait at once:
-ResultExpired for one id, a stand-in result for many. No celery, no torch.
+ResultExpired for one id, a stand-in result for many. With a `check` (the client's
+producer.liveness check) a wait that finds no answer ends with NoWorker once no worker of the model
+has beaten for the grace period: an answer stored already is returned first, never NoWorker.
+No celery, no torch.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 import redis as redis_lib
 
 from producer.answers import result_expired_error
-from vela2.errors import InvalidRequest, Vela2Error
+from vela2.errors import InvalidRequest, NoWorker, Vela2Error
 from vela2.wire.keys import result_key
 from vela2.wire.results import split_state, state_keys, state_of
 
@@ -97,11 +100,25 @@ class Subscriptions:
             pubsub.close()
 
 
+def _checked(check: Callable[[], None], redis: Any, request_id: str, parse: Callable[[Any], Any]) -> Any:
+    """None, or the answer stored meanwhile when `check` raised NoWorker (one more read, then); the
+    NoWorker when there is still none."""
+    try:
+        check()
+    except NoWorker:
+        found = read_one(redis, request_id, parse)  # it may have come since the last look
+        if found is None:
+            raise
+        return found
+    return None
+
+
 def wait_one(redis: Any, request_id: str, timeout_s: float | None, parse: Callable[[Any], Any],
-             subs: Subscriptions | None = None) -> Any:
+             subs: Subscriptions | None = None, check: Callable[[], None] | None = None) -> Any:
     """Wait on the result key's pub/sub channel (no polling) of `subs` (None: a connection of this
     wait's own); TimeoutError after timeout_s, ResultExpired as soon as the marker says the answer
-    came and expired. An answer stored already is read by one MGET, with no subscription."""
+    came and expired, NoWorker when `check` raises it (called about every second of the wait). An
+    answer stored already is read by one MGET, with no subscription."""
     timeout_s = check_timeout(timeout_s)
     found = read_one(redis, request_id, parse)
     if found is not None:
@@ -118,6 +135,8 @@ def wait_one(redis: Any, request_id: str, timeout_s: float | None, parse: Callab
             left = 1.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no result for {request_id!r} after {timeout_s} s")
+            if check is not None and (found := _checked(check, redis, request_id, parse)) is not None:
+                break
             msg = pubsub.get_message(timeout=min(left, 1.0))
             if msg is None:  # a second without a word: a reconnect may have dropped the publish
                 found = read_one(redis, request_id, parse)
@@ -139,10 +158,11 @@ def wait_one(redis: Any, request_id: str, timeout_s: float | None, parse: Callab
 
 
 def wait_many(redis: Any, ids: list[str], timeout_s: float | None, parse: Callable[[Any], Any],
-              expired: Callable[[str], Any]) -> dict[str, Any]:
+              expired: Callable[[str], Any], check: Callable[[], None] | None = None) -> dict[str, Any]:
     """id -> its parsed result, `expired(id)` for an id whose answer expired, or None for an id with
     no result when `timeout_s` (already checked: `check_timeout`) runs out; one MGET per poll, the
-    pause doubling from _POLL_START_S up to _POLL_MAX_S."""
+    pause doubling from _POLL_START_S up to _POLL_MAX_S. NoWorker (with the answers read in `done`)
+    when `check`, called after each poll that left ids missing, raises it."""
     out: dict[str, Any] = dict.fromkeys(ids)
     missing = list(dict.fromkeys(ids))
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -158,6 +178,12 @@ def wait_many(redis: Any, ids: list[str], timeout_s: float | None, parse: Callab
         missing = still
         if not missing or (deadline is not None and time.monotonic() >= deadline):
             break
+        if check is not None:
+            try:
+                check()
+            except NoWorker as e:
+                e.done = {rid: value for rid, value in out.items() if value is not None}
+                raise
         time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
         pause = min(pause * 2, _POLL_MAX_S)
     return out

@@ -138,3 +138,21 @@ class CellUnavailable(Vela2Error, ConnectionError):
         super().__init__(f"cell {cell} is unavailable ({type(cause).__name__}: {cause}); "
                          f"{len(ids):,} request(s) of its slots were not served: {shown}")
         self.cell, self.ids, self.done = cell, ids, done or {}
+
+
+class NoWorker(Vela2Error, TimeoutError):
+    """No worker of the model has beaten (nor said it is starting) for the grace period: a wait for an
+    answer ends with this at once instead of waiting out its timeout (a TimeoutError still, for code
+    that handles a timeout). The request stays queued and is answered once a worker of the model runs.
+    `model`, `idle_s` (how long none has beaten, as this client knows it), `grace_s`, `done` (a
+    many-wait: the answers read, by id). HTTP 503 ``no_worker``."""
+
+    code = "no_worker"
+
+    def __init__(self, model: str, idle_s: float, grace_s: float, on_record: bool = True,
+                 done: dict | None = None):
+        seen = "" if on_record else " (none on record: the time since this client first looked)"
+        super().__init__(f"no worker of model {model!r} has beaten in the last {idle_s:.0f} s{seen} "
+                         f"(grace {grace_s:g} s), and none is starting: the request stays queued until one "
+                         f"serves it: start one with `vela2 worker --checkpoint DIR --model {model}`")
+        self.model, self.idle_s, self.grace_s, self.done = model, idle_s, grace_s, done or {}

@@ -20,11 +20,15 @@ when the visibility timeout could expire on a message it still holds.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import sys
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from celery import Celery, Task, bootsteps, signals
+from celery.utils.nodenames import default_nodename, host_format
 from kombu import Queue
 
 from vela2.errors import ConfigError, Vela2Error
@@ -104,6 +108,20 @@ class TaskEvents:
                      runtime=round(sum(v for k, v in timings.items() if k != "queue_ms") / 1e3, 6))
 
 
+def _check_node_name(settings: WorkerSettings, node: str) -> None:
+    """Warn when the hostname setting (VELA2_HOSTNAME) names another node than Celery's: `celery
+    worker` takes its name from -n / --hostname only (`vela2 worker` passes the setting there)."""
+    if not settings.hostname:
+        return
+    try:
+        asked = node_name(settings)
+    except ConfigError as e:
+        asked = str(e)
+    if asked != node:
+        log.warning("hostname %s is not this worker's Celery node name %s: pass it to `celery worker` as -n",
+                    asked, node)
+
+
 def _shut_down_checkpoint_changed(app: Celery) -> None:
     """A warm shutdown, exit status CHECKPOINT_CHANGED_EXIT (run_worker returns it): the consumer's
     loop sees should_stop on its next turn (set from any thread, as Celery's signal handlers do)."""
@@ -132,16 +150,24 @@ class EngineStep(bootsteps.StartStopStep):
         return None
 
     def start(self, w: Any) -> None:
-        settings: WorkerSettings = w.app.vela2_settings
+        _check_node_name(w.app.vela2_settings, w.hostname)
+        # the node name as Celery expanded it names this worker everywhere: heartbeats, `vela2 status`
+        settings: WorkerSettings = replace(w.app.vela2_settings, hostname=w.hostname)
         # w.task_events: `celery worker -E` or worker_send_task_events (VELA2_TASK_EVENTS=1)
         events = TaskEvents(w.app, w.hostname) if getattr(w, "task_events", False) else None
+        from worker.runtime.announce import announce_start
         from worker.runtime.startup import build_engine, exit_on_start_failure  # the model stack: torch
 
+        starting = announce_start(settings)  # producers wait for a starting worker, not NoWorker
         try:
             self.engine = build_engine(settings, events, w.app.vela2_pipeline_wrapper, self.early,
                                        on_checkpoint_changed=partial(_shut_down_checkpoint_changed, w.app))
         except Exception as e:  # Celery would log it and exit 0: a supervisor must see the failure
+            if starting is not None:
+                starting.stop()
             exit_on_start_failure(e)
+        if starting is not None:
+            starting.stop()  # the engine's heartbeats go on from here
         w.app.vela2_engine = self.engine
 
     def stop(self, w: Any) -> None:
@@ -239,17 +265,40 @@ def _sentinel(url: str, what: str) -> SentinelUrl | None:
         return None
 
 
+def node_name(settings: WorkerSettings, pid: int | None = None) -> str:
+    """The worker's Celery node name, expanded as `celery worker --hostname` expands it
+    (celery.utils.nodenames: %h, %n, %d; a name without @ is a host): `settings.hostname`, else
+    vela2-<model>-<device>-<pid>@%h, so that two workers on one host never share a name (Flower shows
+    one of two that do, `celery inspect` warns DuplicateNodename). ConfigError naming the value for
+    an abbreviation Celery does not know."""
+    template = settings.hostname
+    if not template:
+        try:
+            model: str | None = settings.resolved_model_name()
+        except (Vela2Error, OSError, ValueError):  # no (readable) checkpoint: start-up says so, later
+            model = None
+        parts = ["vela2", model, settings.device, str(os.getpid() if pid is None else pid)]
+        # what Celery would read in a name: "@" splits it, "%" expands
+        template = "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "", p) for p in parts if p) + "@%h"
+    try:
+        return host_format(default_nodename(template))
+    except ValueError as e:  # celery.utils.text.simple_format: an unknown %-abbreviation
+        raise ConfigError(f"hostname {template!r}: {str(e).splitlines()[0]} (Celery expands %h, %n, %d, %i and "
+                          "%I; %% is a %)") from None
+
+
 def run_worker(settings: WorkerSettings, *, loglevel: str = "INFO", hostname: str | None = None,
                early: Early | None = None) -> int:
     """Run a worker in this process until it is shut down (SIGTERM: warm); returns the exit code.
     `early`: the endpoints the caller already serves (worker.runtime.early), taken over at start.
+    `hostname`: the Celery node name (default `node_name(settings)`).
 
     What `vela2 worker` calls: `run_worker(WorkerSettings.from_env(checkpoint=..., device=..., ...))`.
     """
     preflight(settings)
     app = create_app(settings)
     app.vela2_early = early
-    node = hostname or f"vela2-{settings.device.replace(':', '')}@%h"
+    node = hostname or node_name(settings)
     argv = [
         "worker",
         "--pool",

@@ -3,7 +3,8 @@
 `WorkerSettings` holds the process knobs and, nested, the engine's (`EngineSettings`). From each
 field's name, type, default and help come the environment variable (`VELA2_<NAME>`, what
 `celery -A worker.app worker` reads), the `vela2 worker` flag (`--name-with-dashes`) and the
-README's settings table (`python -m worker.settings` prints it; a test fails when it is stale).
+settings table of docs/reference/settings.md (`python -m worker.settings` prints it; `python -m
+stack.docs_gen --write` rewrites the page, and a test fails when it is stale).
 Standard library and vela2.config only: the process harness and the CLI import this module
 without celery or torch.
 """
@@ -107,6 +108,10 @@ class WorkerSettings:
     redis_wait_s: float = setting(60.0, "at start, wait this long for Redis to answer, then exit non-zero")
     model_name: str | None = setting(None, "queue naming; default the checkpoint's name", env="VELA2_MODEL",
                                      flag="--model")
+    hostname: str | None = setting(
+        None, "the worker's Celery node name, as Flower, celery inspect, vela2 status and the heartbeats name it "
+        "(Celery's rules: %h, %n and %d expand; a name without @ is a host, celery@NAME); default "
+        "vela2-MODEL-DEVICE-PID@%h, unique per model, device and process on a host")
     attn: str = setting("sdpa", "attention backend: sdpa (dense tree mask) or flex (block-sparse, compiled)",
                         choices=ATTN_BACKENDS)
     compile_cache_dir: str | None = setting(
@@ -343,7 +348,7 @@ def from_arguments(args: argparse.Namespace) -> WorkerSettings:
 
 
 def markdown_table() -> str:
-    """The README's settings table."""
+    """The settings table of the docs (docs/reference/settings.md): name, flag, variable, default, help."""
     lines = ["| setting | flag | environment | default | what |", "|---|---|---|---|---|"]
     for spec in specs():
         default = "—" if spec.default is None else f"`{spec.default}`"
@@ -351,24 +356,6 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
-README_MARKERS = ("<!-- settings-table: python -m worker.settings -->\n", "\n<!-- /settings-table -->")
-
-
-def readme_with_table(text: str) -> str:
-    """`text` (the README) with the block between README_MARKERS replaced by `markdown_table()`."""
-    start, end = README_MARKERS
-    head, found, rest = text.partition(start)
-    if not found or end not in rest:
-        raise ValueError("the README has no settings-table block")
-    return head + start + markdown_table() + end + rest.split(end, 1)[1]
-
-
 if __name__ == "__main__":
-    # `python -m worker.settings` prints the table; `--readme README.md` rewrites it in place
-    if sys.argv[1:2] == ["--readme"] and len(sys.argv) == 3:
-        with open(sys.argv[2], encoding="utf-8") as f:
-            updated = readme_with_table(f.read())
-        with open(sys.argv[2], "w", encoding="utf-8") as f:
-            f.write(updated)
-    else:
-        sys.stdout.write(markdown_table() + "\n")
+    # `python -m worker.settings` prints the table (stack.docs_gen writes it into the docs)
+    sys.stdout.write(markdown_table() + "\n")

@@ -17,6 +17,7 @@ SUBMITTED_PREFIX = "vela2:submitted:"  # a marker a tracking client sets at subm
 WORKERS_PREFIX = "vela2:workers:"  # a sorted set per model: worker id -> its last heartbeat (unix time)
 WORKER_INFO_PREFIX = "vela2:worker:"  # per live worker: its JSON description (`vela2 status`), TTL 3 beats
 HEARTBEAT_S = 5.0  # a live worker beats this often; a reader counts one 3 beats old as gone
+STARTING_PREFIX = "vela2:starting:"  # a sorted set per model: starting worker -> its last "starting" beat
 CANCEL_PREFIX = "vela2:cancel:"  # a marker per cancelled request id (Client.cancel); the worker checks it at intake
 JOB_PREFIX = "vela2:job:"  # a hash per bulk job (vela2.wire.jobs), and its id list `<key>:ids`
 JOBS_PREFIX = "vela2:jobs:"  # a sorted set per model: job id -> its creation time (`vela2 jobs list`, metrics)
@@ -117,6 +118,12 @@ def jobs_key(model_name: str) -> str:
 def workers_key(model_name: str) -> str:
     """The heartbeats of a model's live workers (worker.runtime.leases writes, `vela2 http /readyz` reads)."""
     return f"{WORKERS_PREFIX}{model_name}"
+
+
+def starting_key(model_name: str) -> str:
+    """The beats of a model's workers still starting (loading the model; worker.runtime.announce writes,
+    the clients' NoWorker check and `vela2 status` read), every HEARTBEAT_S until the engine serves."""
+    return f"{STARTING_PREFIX}{model_name}"
 
 
 def worker_info_key(model_name: str, worker_id: str) -> str:

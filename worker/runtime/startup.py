@@ -187,7 +187,8 @@ def _assemble(settings: WorkerSettings, digest: str, loaded: Loaded, broker: Any
                             else settings.resolved_broker_url, store=client,
                             gpu_memory_source=(lambda: device.memory) if isinstance(device, ProcessDevice) else None)
     health.model, health.digest = model.name, digest  # the endpoints are served since build_engine began
-    worker_id = f"{socket.gethostname()}:{os.getpid()}:{settings.device}"
+    # its Celery node name (worker.app sets it), as Flower and `vela2 status` name it; host:pid:device outside Celery
+    worker_id = settings.hostname or f"{socket.gethostname()}:{os.getpid()}:{settings.device}"
     describe = Description(worker_id, model.name, settings.device, settings.resolved_precision, digest,
                            lambda: engine, metrics)
     leases = Leases(broker, settings.visibility_timeout_s, progress=lambda: engine.progress,
