@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 VELA2 := $(VENV)/bin/vela2
 DEMO_CKPT ?= .cache/vela2-demo
 
-.PHONY: install demo test test-fast lint bench-queue reliability soak clean
+.PHONY: install demo test test-fast lint bench-queue reliability soak clean dist
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -26,10 +26,14 @@ lint: install
 	$(VENV)/bin/ruff check vela2 worker producer stack bench tests
 	$(VENV)/bin/mypy
 
-# The whole suite over TEST_WORKERS processes (pytest-xdist); the demo model is trained once per
+# The docs site (strict: a broken link or anchor, or a page outside the nav, fails it; never --quiet,
+# which hides the warnings strict fails on; built into site/, git-ignored; NO_MKDOCS_2_WARNING silences
+# mkdocs-material's banner about its successor), then the
+# whole suite over TEST_WORKERS processes (pytest-xdist); the demo model is trained once per
 # version of vela2/ and kept in ~/.cache/vela2-tests (tests/conftest.py).
 TEST_WORKERS ?= 4
 test: lint
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests
 
 # The fast lane: the unit tests (no process started; tests/unit), no lint.
@@ -51,6 +55,12 @@ MINUTES ?= 5
 soak: $(DEMO_CKPT)/config.json
 	$(PY) -m bench.faults --checkpoint $(DEMO_CKPT) --only none --fuzz-examples 0 \
 		--soak-minutes $(MINUTES) --out bench/results/soak.json
+
+# The sdist and the wheel in dist/ (python -m build; the wheel is built from the sdist, so the sdist
+# is complete): pip install "dist/vela2-<version>-py3-none-any.whl[producer]" -c constraints.txt
+dist: install
+	rm -rf dist
+	$(PY) -m build --outdir dist .
 
 # Queue overhead on this CPU machine vs plain Celery (writes bench/results/cpu-queue.json).
 bench-queue: $(DEMO_CKPT)/config.json

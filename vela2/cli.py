@@ -61,20 +61,28 @@ class Parser(argparse.ArgumentParser):
 # says which extra to install, in one line, instead of a traceback.
 EXTRA_OF_MODULE = {
     **dict.fromkeys(("torch", "transformers", "tokenizers", "safetensors"), "model"),
-    **dict.fromkeys(("celery", "kombu", "billiard", "prometheus_client"), "worker"),
-    **dict.fromkeys(("fastapi", "uvicorn", "starlette"), "producer"),
+    **dict.fromkeys(("celery", "billiard", "prometheus_client"), "worker"),
+    **dict.fromkeys(("kombu", "amqp"), "amqp"),  # a producer's amqp:// broker (the worker's commands: below)
+    **dict.fromkeys(("fastapi", "uvicorn", "starlette", "httpx"), "producer"),
     **dict.fromkeys(("fakeredis", "lupa"), "testing"),
+    "opentelemetry": "otel",
 }
+# Commands that need a whole extra: a module missing there names the command's extra, since the
+# module's own (torch: model; kombu: amqp) would not be enough to run it.
+EXTRA_OF_COMMAND = dict.fromkeys(("worker", "demo", "parity"), "worker")
 
 
-def missing_extra(e: ImportError) -> str | None:
-    """The one line for a command that cannot import an optional module, or None when the module
+def missing_extra(e: ImportError, command: str | None = None) -> str | None:
+    """The one line for `command` when it cannot import an optional module, or None when the module
     is no extra's (a real bug: its traceback is kept)."""
     module = (e.name or "").split(".")[0]
     extra = EXTRA_OF_MODULE.get(module)
     if extra is None:
         return None
-    return f"needs the {extra!r} extra, which is not installed (no module {module!r}): pip install \"vela2[{extra}]\""
+    extra = EXTRA_OF_COMMAND.get(command or "", extra)
+    # vela2 is not on PyPI: it is installed from a checkout or a wheel built by `make dist`
+    return (f"needs the {extra!r} extra, which is not installed (no module {module!r}): "
+            f"pip install -e '.[{extra}]' -c constraints.txt in a checkout, or 'dist/<wheel>[{extra}]'")
 
 
 def _load(checkpoint: str, device: str, precision: str):
@@ -313,7 +321,7 @@ def _first_line(ep: Any) -> str:
     try:
         doc = inspect.getdoc(ep.load()) or ""
     except ImportError as e:  # a package registered but not importable here: say so in --help
-        return f"(unavailable: {e})"
+        return f"(unavailable: {missing_extra(e, ep.name) or e})"
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
@@ -332,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vela2 {name}: {e}", file=sys.stderr)
             return 2
         except ImportError as e:
-            if (line := missing_extra(e)) is None:
+            if (line := missing_extra(e, name)) is None:
                 raise
             print(f"vela2 {name}: {line}", file=sys.stderr)
             return 2
@@ -348,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vela2 {args.command}: {e}", file=sys.stderr)
         return 2
     except ImportError as e:
-        if (line := missing_extra(e)) is None:
+        if (line := missing_extra(e, args.command)) is None:
             raise
         print(f"vela2 {args.command}: {line}", file=sys.stderr)
         return 2

@@ -62,7 +62,7 @@ def configure(service: str) -> bool:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
     except ImportError as e:
         raise ImportError(f"OTEL_* variables ask for traces ({exporter}) but opentelemetry is not installed: "
-                          f"pip install 'vela2[otel]' ({e})") from None
+                          f"pip install 'vela2[otel]' ({e})", name="opentelemetry") from None
     provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)}))
     if exporter == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))

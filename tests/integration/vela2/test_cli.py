@@ -22,4 +22,5 @@ def test_a_command_missing_an_extra_says_which_in_one_line(tmp_path, blocked, ar
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip() == (f"vela2 {argv[0]}: needs the {extra!r} extra, which is not installed "
-                                  f"(no module {blocked!r}): pip install \"vela2[{extra}]\"")
+                                  f"(no module {blocked!r}): pip install -e '.[{extra}]' -c constraints.txt "
+                                  f"in a checkout, or 'dist/<wheel>[{extra}]'")
