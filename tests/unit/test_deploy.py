@@ -1,5 +1,5 @@
-"""Deployment files: docker-compose.yml, the two Dockerfiles, the KEDA example, the Prometheus config
-and deploy/launch-workers.sh.
+"""Deployment files: docker-compose.yml, the two Dockerfiles, the KEDA example, the Prometheus config,
+the Grafana dashboard and the alert rules, and deploy/launch-workers.sh.
 
 No Docker engine runs on the CI machines, so the compose file and the Dockerfiles are checked for
 structure, and the launcher is run for real against a fake `nvidia-smi` and a fake `vela2`.
@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import promql
+from vela2.errors import InvalidRequest
 from vela2.wire.keys import backfill_queue, online_queue
+from worker.obs.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 # The model name the examples use: vela2.train.demo_model.DEMO_NAME (importing vela2.train.demo_model would load torch).
@@ -233,8 +236,12 @@ def test_prometheus_scrapes_the_worker_metrics_port(compose):
     assert ("worker", port) in scraped
     assert ("workers", port + 1) in scraped  # launcher: worker k on port + k
     assert {n for n, _ in scraped} <= set(compose["services"])
-    mounted = [v for v in compose["services"]["prometheus"]["volumes"] if v.startswith("./deploy/prometheus.yml:")]
-    assert mounted
+    volumes = compose["services"]["prometheus"]["volumes"]
+    [config] = [v.split(":")[1] for v in volumes if v.startswith("./deploy/prometheus.yml:")]
+    # every rule file the config names is mounted where Prometheus looks: relative to the config
+    for rule_file in prom["rule_files"]:
+        inside = str(Path(config).parent / rule_file)
+        assert f"./deploy/{rule_file}:{inside}:ro" in volumes, rule_file
     # the worker binds loopback by default (worker.settings): in its container it must listen on the
     # compose network, and no worker service publishes the metrics port on the host
     for name in ("worker", "workers"):
@@ -380,3 +387,97 @@ def test_the_rabbitmq_profile(compose):
     assert all(not p.startswith(("5672", "0.0.0.0")) for p in rabbit.get("ports", []))  # only the UI, on loopback
     for name in ("worker", "http"):  # the broker URL reaches both from the environment, never argv
         assert "VELA2_BROKER_URL" in compose["services"][name]["environment"], name
+
+
+# ---------------------------------------------------------------------------------------------
+# Grafana dashboard and alert rules (tests/integration/worker/obs/test_dashboards.py has a real
+# Prometheus evaluate them against a worker, and promtool fire every alert)
+
+
+def test_the_dashboard_is_importable():
+    board = promql.dashboard()
+    assert isinstance(board["schemaVersion"], int) and board["schemaVersion"] >= 36
+    assert board["uid"] and board["title"] and board["id"] is None  # Grafana gives the id on import
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    model = variables["model"]
+    assert model["type"] == "query" and model["datasource"]["uid"] == "${datasource}"
+    assert model["query"]["query"] == "label_values(vela2_worker_info, model)" and model["allValue"] == ".+"
+    everything = board["panels"] + [c for p in board["panels"] if p["type"] == "row" for c in p.get("panels", [])]
+    assert len({p["id"] for p in everything}) == len(everything)
+    taken: set[tuple[int, int]] = set()  # grid cells: no two panels overlap, none is wider than the grid
+    for p in everything:
+        g = p["gridPos"]
+        cells = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert g["x"] + g["w"] <= 24 and not cells & taken, p["title"]
+        taken |= cells
+    usable = (set(variables) - {"datasource"}) | set(promql.GRAFANA_BUILTINS)
+    for p in promql.panels(board):
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p["description"] and p["fieldConfig"]["defaults"]["unit"], p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert refs and len(refs) == len(set(refs)), p["title"]
+        for t in p["targets"]:
+            assert t["datasource"] == p["datasource"] and t["expr"].strip(), p["title"]
+            assert promql.variables(t["expr"]) <= usable, (p["title"], t["expr"])
+
+
+def test_the_alert_rules_are_complete_and_loaded():
+    rules = promql.alert_rules()
+    names = [r["alert"] for r in rules]
+    assert len(names) == len(set(names)) and all(re.fullmatch(r"Vela2[A-Z]\w+", n) for n in names), names
+    for r in rules:
+        assert _seconds(r["for"]) > 0 and r["labels"]["severity"] in {"critical", "warning"}, r["alert"]
+        assert set(r["annotations"]) == {"summary", "description"}, r["alert"]
+        for text in r["annotations"].values():  # $labels only: test_dashboards.py renders them so
+            assert all(re.fullmatch(r"\{\{ \$labels\.\w+ \}\}", t) for t in re.findall(r"\{\{.*?\}\}", text)), text
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    assert [(ROOT / "deploy" / f).resolve() for f in prom["rule_files"]] == [promql.ALERTS]
+
+
+def _exported() -> dict[str, list[dict[str, str]]]:
+    """Every sample a worker exports, by name: its labels. A worker's Metrics with every path
+    taken (GPU figures given, a batch that raised, a failure), plus Prometheus's own `up`."""
+    import fakeredis
+
+    m = Metrics()
+    m.describe_worker(model=DEMO_MODEL, device="cuda:0", precision="bf16", redis=fakeredis.FakeRedis(),
+                      queues=[online_queue(DEMO_MODEL), backfill_queue(DEMO_MODEL)],
+                      gpu_memory_source=lambda: {"allocated": 1.0, "reserved": 2.0, "peak": 2.0, "total": 4.0})
+    m.observe_batch([10, 20], ok=True)
+    m.observe_batch([10], ok=False)
+    m.observe_result("ok", None, {"queue_ms": 1.0, "render_ms": 1.0, "model_ms": 1.0, "decode_ms": 1.0})
+    m.observe_result("error", "model_error", None)
+    out: dict[str, list[dict[str, str]]] = {"up": [{}]}
+    for family in m.registry.collect():
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(dict(sample.labels))
+    return out
+
+
+def test_dashboard_and_alerts_select_what_a_worker_exports():
+    """Names and labels, without a Prometheus: a typo fails here first."""
+    exported = _exported()
+    exprs = [(title, promql.fill(e, {"model": DEMO_MODEL})) for title, e in promql.queries(promql.dashboard())]
+    exprs += [(r["alert"], r["expr"]) for r in promql.alert_rules()]
+    assert len(exprs) > 30
+    for where, expr in exprs:
+        found = promql.selectors(expr)
+        assert found, (where, expr)
+        for sel in found:
+            assert sel.name in exported, f"{where}: {sel.name} is not a metric a worker exports"
+            for label, op, value in sel.matches():
+                values = {s.get(label) for s in exported[sel.name]}
+                assert label in {"instance", "job"} or values != {None}, f"{where}: {sel} has no label {label}"
+                assert op != "=" or label in {"instance", "job"} or value in values, f"{where}: {sel}: {values}"
+
+
+def test_the_callers_errors_left_out_of_the_error_alerts_are_the_invalid_request_codes():
+    codes, todo = set(), [InvalidRequest]
+    while todo:
+        cls = todo.pop()
+        codes.add(cls.code)
+        todo += cls.__subclasses__()
+    text = promql.ALERTS.read_text() + promql.DASHBOARD.read_text()
+    excluded = re.findall(r'reason!~\\?"([^"\\]+)', text)
+    assert len(excluded) >= 2 and all(set(x.split("|")) == codes for x in excluded), (excluded, codes)
