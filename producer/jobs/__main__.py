@@ -1,4 +1,4 @@
-"""`python -m producer.jobs ...`: `vela2 jobs` from a checkout that is not installed (the README's
+"""`python -m producer.jobs ...`: `vela2 jobs` from a checkout that is not installed (the CLI reference's
 promise for every subcommand; before the package, `python -m producer.jobs` ran nothing)."""
 
 import logging

@@ -1,10 +1,9 @@
-"""Worker settings (one source: env names, CLI flags, the README table), the Celery configuration
+"""Worker settings (one source: env names, CLI flags, the docs' table), the Celery configuration
 they produce, and the visibility-timeout rule."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,6 @@ from worker.app import create_app
 from worker.runtime.checks import MIN_VISIBILITY_S, check_visibility, required_visibility_s
 from worker.settings import EngineSettings, WorkerSettings, env_name, specs
 
-ROOT = Path(__file__).resolve().parents[3]
 ENV = {spec.name: spec.env for spec in specs()}
 
 
@@ -78,13 +76,6 @@ def test_every_setting_has_one_env_name_and_one_flag():
     assert (s.redis_url, s.engine.max_wait_ms, s.engine.row_tokens, s.attn) == ("redis://h:1/2", 5.0, 512, "flex")
     with pytest.raises(SystemExit):
         ap.parse_args(["--max-batch-tokens", "many"])
-
-
-def test_the_readme_settings_table_is_generated_from_the_settings():
-    readme = (ROOT / "README.md").read_text()
-    assert worker_settings.README_MARKERS[0] in readme, "README.md has no generated settings table"
-    assert worker_settings.readme_with_table(readme) == readme, (
-        "stale: run `.venv/bin/python -m worker.settings --readme README.md`")
 
 
 def test_the_app_is_json_only_late_ack_solo_with_online_before_backfill(demo_dir):

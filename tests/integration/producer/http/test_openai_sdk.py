@@ -136,13 +136,13 @@ def test_a_batch_is_cancelled_and_bad_requests_are_4xx_in_openais_shape(redis_ur
         client.files.content("file-nope")
 
 
-def test_the_readmes_openai_example_runs_as_written(redis_url, http_server, fake_worker, capsys):
-    from tests.unit.test_readme import examples
+def test_the_docs_openai_example_runs_as_written(redis_url, http_server, fake_worker, capsys):
+    from tests.unit.test_docs import examples
 
     fake_worker()
     base = http_server(redis_url)
     [code] = examples("openai")
-    exec(compile(code, "README.md", "exec"), {"BASE_URL": base, "API_KEY": "any-with-no-auth"})
+    exec(compile(code, "docs/producers/openai.md", "exec"), {"BASE_URL": base, "API_KEY": "any-with-no-auth"})
     printed = capsys.readouterr().out.split()
     assert printed[0::2] == ["ticket-0", "ticket-1"] and all(d in ("refund", "other") for d in printed[1::2])
 

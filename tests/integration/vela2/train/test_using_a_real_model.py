@@ -1,11 +1,10 @@
-"""The README's "Using a real model" worked example runs as written: import a generated tiny qwen2,
+"""The docs' own-model walk-through (docs/model/index.md) runs as written: import a generated tiny qwen2,
 train, calibrate, evaluate; the trained checkpoint beats the imported one and serves."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,15 +13,9 @@ import pytest
 
 import vela2
 from bench.import_rss import make_hf_dir
+from tests.unit.test_docs import examples
 
 ROOT = Path(__file__).resolve().parents[4]
-
-
-def worked_example() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    found = re.findall(r"<!-- byom-example -->\n```bash\n(.*?)```", text, re.DOTALL)
-    assert len(found) == 1, "the README holds one byom-example block"
-    return found[0]
 
 
 @pytest.mark.integration  # subprocesses
@@ -30,7 +23,8 @@ def test_the_worked_example_runs(tmp_path):
     make_hf_dir(tmp_path / "hf", "qwen2", max_shard_size="100KB")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", worked_example()], cwd=tmp_path, env=env,
+    [walk_through] = examples("byom")
+    run = subprocess.run(["bash", "-euo", "pipefail", "-c", walk_through], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     trained = json.loads((tmp_path / "eval.json").read_text())

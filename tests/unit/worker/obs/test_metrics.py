@@ -1,5 +1,5 @@
 """Worker metrics without a process: the padding fraction follows the row layout, the endpoint binds
-loopback unless told otherwise, every metric exported is in the README."""
+loopback unless told otherwise, every metric exported is in the docs' table (docs/operations/metrics.md)."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def test_metrics_bind_loopback_unless_told_otherwise():
         wide.server.server_close()
 
 
-def test_every_metric_a_worker_exports_is_in_the_readme_table():
-    """The README's metrics table names every family the registry yields (and nothing else)."""
+def test_every_metric_a_worker_exports_is_in_the_docs_table():
+    """The metrics table of docs/operations/metrics.md names every family the registry yields (and nothing else)."""
     from pathlib import Path
 
     import fakeredis
@@ -52,9 +52,9 @@ def test_every_metric_a_worker_exports_is_in_the_readme_table():
                       queues=[online_queue("vela2-demo")])
     # as scraped: a counter family `x` is exposed as `x_total`
     exported = {f.name + "_total" if f.type == "counter" else f.name for f in m.registry.collect()}
-    readme = (Path(__file__).resolve().parents[4] / "README.md").read_text()
-    table = readme.split("<!-- metrics-table -->")[1]
+    page = (Path(__file__).resolve().parents[4] / "docs" / "operations" / "metrics.md").read_text()
+    table = page.split("<!-- metrics-table -->")[1]
     documented = set(re.findall(r"^\| `([a-z0-9_]+)", table, re.M))
-    assert exported - documented == set(), "exported but not in the README table"
+    assert exported - documented == set(), "exported but not in the docs' table"
     gpu_only = {"vela2_gpu_memory_bytes"}  # its collector yields nothing on a CPU
-    assert documented - exported - gpu_only == set(), "in the README table, not exported"
+    assert documented - exported - gpu_only == set(), "in the docs' table, not exported"
