@@ -16,7 +16,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-$(DEMO_CKPT)/config.json: $(VENV)/.installed
+# rebuilt when the demo's recipe or data (vela2/train) changes, not only when missing
+$(DEMO_CKPT)/config.json: $(VENV)/.installed $(wildcard vela2/train/*.py)
 	$(VELA2) init-demo $(DEMO_CKPT)
 
 demo: $(DEMO_CKPT)/config.json

@@ -45,8 +45,8 @@ def sample_requests(model_name: str) -> tuple[list[dict], dict, list[dict]]:
     def task(name: str, kind: str, **kw: Any) -> dict[str, Any]:
         return {"name": name, "kind": kind, **kw}
 
-    # The demo model learnt its questions' own texts, so the SystemOne request asks them (the open-label
-    # kinds, classify and extract, always take a default question text it never saw).
+    # The demo model learnt its questions' own texts and the kinds' default ones (classify and extract
+    # always take theirs), so the SystemOne request asks both ways.
     system_one = {
         "model": model_name,
         "id": "demo-systemone",
@@ -57,7 +57,7 @@ def sample_requests(model_name: str) -> tuple[list[dict], dict, list[dict]]:
             task("intent", "choice", **QUESTIONS["choice:intent"]),
             task("satisfaction", "score", **QUESTIONS["score:satisfaction"]),
             task("toxicity", "set", **QUESTIONS["set:toxicity"]),
-            task("topic", "choice", **QUESTIONS["choice:topic"]),
+            task("sentiment", "classify", labels=QUESTIONS["choice:sentiment"]["options"]),
             task("pii", "span", labels=SPAN_LABELS),
         ],
     }
@@ -117,6 +117,33 @@ def _asked(request: dict[str, Any]) -> str:
     return f"text {_short(text)!r}; asked: {'; '.join(asks)}"
 
 
+def _held_out_line(checkpoint: Path) -> str | None:
+    """One line of the checkpoint's held-out scores (`vela2 init-demo` writes them), or None without them."""
+    from vela2.train.demo_eval import HELD_OUT_FILE
+
+    path = checkpoint / HELD_OUT_FILE
+    if not path.is_file():
+        return None
+    report = json.loads(path.read_text(encoding="utf-8"))
+    held = report["held_out"]
+    scores = [f"{label} F1 {e['f1']:.2f}" for label, e in held["spans"].items()]
+    scores += [f"{task.split(':')[1]} {e['accuracy']:.2f}" for task, e in held["choices"].items()]
+    missed = "; ".join(m.split(" (")[0] for m in report["goals_missed"]) or "none"
+    return f"on messages unlike its training data ({HELD_OUT_FILE}): {', '.join(scores)}; goals missed: {missed}"
+
+
+def _beyond(request: dict[str, Any]) -> str | None:
+    """A note for a request longer than any message the demo model was trained on, else None."""
+    from vela2.text.rendering import split_words
+    from vela2.train.synthetic import LONGEST_MESSAGE_WORDS
+
+    text = request.get("text")
+    if not isinstance(text, str) or len(split_words(text)) <= LONGEST_MESSAGE_WORDS:
+        return None
+    return (f"(beyond the demo's training: {len(split_words(text)):,} words, read in overlapping windows; it was "
+            f"trained on messages of at most {LONGEST_MESSAGE_WORDS} words)")
+
+
 def _print_answers(ids: list[str], answers: dict[str, Any], seen_ms: dict[str, float],
                    requests: dict[str, dict[str, Any]] | None = None) -> None:
     print(f"{'request':<18} {'queue':>7} {'render':>7} {'model':>7} {'decode':>7} {'total':>8}  answer")
@@ -132,6 +159,8 @@ def _print_answers(ids: list[str], answers: dict[str, Any], seen_ms: dict[str, f
         print(f"{rid:<18} {cols} {seen_ms.get(rid, 0.0):8.1f}  {_describe(answer)}")
         if requests and rid in requests:
             print(f"{'':<18} {_asked(requests[rid])}")
+            if note := _beyond(requests[rid]):
+                print(f"{'':<18} {note}")
     print("(milliseconds; total = submit -> answer seen by the client)")
 
 
@@ -190,6 +219,8 @@ def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 40
 
                 about = Path(checkpoint) / DESCRIPTION_FILE
                 print(f"the model: {about.read_text().strip() if about.is_file() else model_name}")
+                if scores := _held_out_line(Path(checkpoint)):
+                    print(scores)
                 client = Client(url, model=model_name, broker_url=broker_url)
                 online, bad, chunk = sample_requests(model_name)
                 t0 = time.monotonic()
@@ -215,13 +246,41 @@ def run_demo(checkpoint: str | Path | None = None, *, max_batch_tokens: int = 40
         return 0
 
 
+def answer(request: dict[str, Any], checkpoint: str | Path) -> dict[str, Any]:
+    """The demo model's real answer to `request` (a SystemOne request or a row), computed in this process as a
+    CPU worker computes it (fp32): what the docs' example answers are regenerated with. `timings` (which
+    vary from run to run) are left out."""
+    import torch
+
+    import vela2
+    from vela2.api.systemone import is_system_one
+
+    model = vela2.load(checkpoint, dtype=torch.float32)
+    if is_system_one(request):
+        out = vela2.system_one_request(model, request, precision="fp32")
+    else:
+        [result] = vela2.predict(model, [request], precision="fp32")
+        out = result.to_json_dict()
+    out.pop("timings", None)
+    return out
+
+
 def main(argv: list[str]) -> int:
     """the main job: embedded Redis, a worker, sample requests of every kind, answers"""
     ap = Parser(prog="vela2 demo", description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", help="demo checkpoint to use (default: written to a temporary folder)")
     ap.add_argument("--broker", default=os.environ.get(ENV_BROKER_URL) or None,
                     help=f"queue on this broker (default ${ENV_BROKER_URL}; else the embedded Redis)")
+    ap.add_argument("--answer", metavar="REQUEST_JSON",
+                    help="print the model's answer (JSON) to the SystemOne request or row in this file and exit; "
+                         "needs --checkpoint (no Redis, no worker)")
     args = ap.parse_args(argv)
+    if args.answer:
+        if not args.checkpoint:
+            ap.error("--answer needs --checkpoint DIR (`make demo` writes one to .cache/vela2-demo)")
+        request = json.loads(Path(args.answer).read_text(encoding="utf-8"))
+        print(json.dumps(answer(request, args.checkpoint), indent=1))
+        return 0
     return run_demo(args.checkpoint, broker_url=args.broker)
 
 

@@ -118,7 +118,8 @@ def cmd_init_demo(args: argparse.Namespace) -> int:
     from vela2.train.demo_model import init_demo
 
     path = init_demo(args.dir)
-    print(f"demo checkpoint written to {path}")
+    print(f"demo checkpoint written to {path} (what it knows: {Path(path) / 'description.txt'}; "
+          f"its scores on held-out phrasings and formats: {Path(path) / 'held-out.json'})")
     return 0
 
 

@@ -4,15 +4,17 @@ weights (`untrained_demo_model`), then `vela2 train`'s own code path (`vela2.tra
 `vela2.train.synthetic` (`RECIPE`), the calibration fitted on a dev split; everything runs on a fresh
 machine with no download, deterministically (one CPU thread, seeded weights, rows and batch order).
 The checkpoint carries a one-line `description.txt` saying what it is and what it does not know
-(`vela2 demo` prints it).
+(`vela2 demo` prints it), and `held-out.json`: its scores on template families, formats, names and
+companies no training row has (`vela2.train.demo_eval`), against the goals of issue 40.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +25,25 @@ from vela2.config import HeadsConfig, SpecialTokens, Vela2Config
 from vela2.model.calibration import Calibration, PiiRules
 from vela2.model.checkpoint import release_state_dict
 from vela2.model.modeling import Vela2Model
+from vela2.train import synthetic as syn
+from vela2.train.demo_eval import GOALS, HELD_OUT_FILE, evaluate_split, format_report, misses
 
 logger = logging.getLogger(__name__)
 
 DEMO_NAME = "vela2-demo"
 SEED = 20261129
 TOKENIZER_SEED = 7  # the synthetic messages the tokenizer's vocabulary is counted on
+# Few of them, and a word must be seen this often: the rarer words of the training messages split into
+# pieces as unknown words do, so that "a word split into pieces" does not mean "a name" (common English
+# words, `_WORDS`, are whole tokens as in any tokenizer counted on a large text)
+TOKENIZER_TEXTS = 600
+TOKENIZER_MIN_COUNT = 3
 DESCRIPTION_FILE = "description.txt"  # one line: what the model is (printed by `vela2 demo`)
-DESCRIPTION = ("a 2-layer demo scorer trained on synthetic customer messages: it knows e-mails, phone numbers, "
-               "names and companies, intents, sentiments, satisfaction, topics, insults and threats, and nothing else "
-               "(a model of your own: README, \"Using a real model\")")
+DESCRIPTION = (
+    f"{DEMO_NAME}: a toy 2-layer model trained in minutes on synthetic customer-support messages (up to "
+    f"{syn.LONGEST_MESSAGE_WORDS} words): intents ({', '.join(syn.INTENTS)}), sentiment, satisfaction (1-5), "
+    f"insults and threats, PII spans ({', '.join(syn.SPAN_LABELS)}); it knows nothing else "
+    f"(its scores on held-out phrasings and formats: held-out.json)")
 
 _WORDS = """the of and to in is was for on that with as by at from it be this are or an have not
 which but were his her they their has had been one all we there can more when who will would
@@ -48,9 +59,22 @@ score quality helpful harmful safe unsafe violence hate privacy medical legal fi
 politics science technology travel food weather review product service customer support order
 delivery refund payment card password login user assistant context message claim evidence source
 fact check premise hypothesis entailment contradiction topic domain intent toxic insult threat
+again also always am anyway away back bad best better big bit book call called can't case cause change
+cheap clear close cold could couldn't cost date dear deal did didn't different does doesn't done don't
+door drop during early easy else end enough error every example fast few find fine fix found free
+friend full gave give given glad going gone got hand happen happened happy hard help hello hi hold home
+hope hot hour house idea if important instead issue it's item job just keep kind knew late later least
+leave left less let letter line list look looking lost lot love low mail main maybe mean meet mind
+minute miss moment money month morning move much need next nice night nothing now often okay once open
+others page paid part pay phone place plan play please point post problem put quick quite rather read
+ready real really reason receive reply rest return ring room run said save saw say second seems send
+sent set short show shown side since size small soon sorry sort start stay step still stop store such
+sure talk tell text than thank thanks that's then thing think thought through till today together told
+took top tried true try trying turn under until update upon use using usual wait want wanted watch way
+week went what's while whole wish without won't wrong yet yesterday you're your honestly
+frankly sadly luckily seriously actually basically hopefully finally recently broken damaged missing
+arrived address dial regards sincerely cheers greetings fool idiot stupid angry upset terrible awful
 """.split()
-_NAMES = "Alice Bob Carol David Emma Frank Grace Henry Irene Jack Karen Liam Maria Noah Olivia Paul".split()
-_ORGS = "Acme Globex Initech Umbrella Hooli Vandelay Stark Wayne Wonka Cyberdyne".split()
 
 
 def corpus(n_sentences: int = 4000, seed: int = SEED) -> list[str]:
@@ -59,12 +83,8 @@ def corpus(n_sentences: int = 4000, seed: int = SEED) -> list[str]:
     out = []
     for _ in range(n_sentences):
         words = [rng.choice(_WORDS) for _ in range(rng.randint(5, 20))]
-        if rng.random() < 0.4:
-            words.insert(rng.randrange(len(words)), rng.choice(_NAMES))
-        if rng.random() < 0.3:
-            words.insert(rng.randrange(len(words)), rng.choice(_ORGS))
         if rng.random() < 0.2:
-            words.append(f"{rng.choice(_NAMES).lower()}@{rng.choice(_ORGS).lower()}.com")
+            words.append(f"{rng.choice(_WORDS)}@{rng.choice(_WORDS)}.com")
         if rng.random() < 0.2:
             words.append(f"+1-555-{rng.randint(1000, 9999)}")
         out.append(" ".join(words).capitalize() + rng.choice([".", "?", "!", ";"]))
@@ -74,12 +94,13 @@ def corpus(n_sentences: int = 4000, seed: int = SEED) -> list[str]:
 def demo_tokenizer(vocab_size: int = 3000) -> Tokenizer:
     """A WordPiece tokenizer over a vocabulary counted in plain Python (the `tokenizers` trainer
     breaks ties differently from run to run, so it is not used) on `corpus()` and on synthetic
-    customer messages (`vela2.train.synthetic.texts`, a seed of its own), so that the words, names,
-    companies and e-mail domains of the demo's training data are whole tokens: special tokens (ids
-    0..7), printable ASCII characters and their `##` continuations, then the lower-cased words seen
-    at least twice, most frequent first (ties alphabetically), each also as a `##` continuation
-    (an e-mail's local part, "carollewis55", splits into carol ##lewis ##5 ##5).
-    Unknown characters become [UNK].
+    customer messages with their names, companies, e-mail addresses and phone numbers cut out
+    (`vela2.train.synthetic.texts`, a seed of its own): special tokens (ids 0..7), printable ASCII
+    characters and their `##` continuations, then the words seen at least twice, most frequent first
+    (ties alphabetically), each also as a `##` continuation. Case is kept (a capital is much of what
+    tells a name from a word), and a name, seen or not, splits into pieces ("Okafor": O ##ka ##for),
+    so that the model learns names, e-mail addresses and phone numbers from their form and context,
+    not by heart. Unknown characters become [UNK].
     """
     from vela2.train.synthetic import texts  # local: vela2.train.synthetic is plain Python, the demo only uses it here
 
@@ -88,17 +109,17 @@ def demo_tokenizer(vocab_size: int = 3000) -> Tokenizer:
     vocab = [*special, *chars, *[f"##{c}" for c in chars]]
     counts: dict[str, int] = {}
     pre = pre_tokenizers.BertPreTokenizer()
-    for line in corpus() + texts(2000, seed=TOKENIZER_SEED):
-        for word, _ in pre.pre_tokenize_str(line.lower()):
+    for line in corpus() + texts(TOKENIZER_TEXTS, seed=TOKENIZER_SEED, without_spans=True):
+        for word, _ in pre.pre_tokenize_str(line):
             if len(word) > 1:
                 counts[word] = counts.get(word, 0) + 1
-    frequent = sorted((w for w, c in counts.items() if c >= 2), key=lambda w: (-counts[w], w))
+    frequent = sorted((w for w, c in counts.items() if c >= TOKENIZER_MIN_COUNT), key=lambda w: (-counts[w], w))
     room = max(0, vocab_size - len(vocab))
     words = frequent[: room // 2]
     vocab.extend([*words, *[f"##{w}" for w in words]])
     tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token=SpecialTokens().unk,
                                      max_input_chars_per_word=100))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True, clean_text=True)
+    tok.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=True, clean_text=True)
     tok.pre_tokenizer = pre
     tok.decoder = decoders.WordPiece()
     tok.add_special_tokens(special)
@@ -145,13 +166,33 @@ _REFUND = ("Hello, this is Chen Garcia at Initech. I would like a refund for my 
 _ANGRY = ("Dear team, I am Tara King working for Hooli. Cancel the membership, I no longer need it. The pizza and the "
           "salad arrived cold. This is terrible and I am very angry. You are all useless idiots. Fix it or I will "
           "come to your office and hurt you. Contact: taraking3@inbox.example.org, tel. +44 20 7946 5321 today.")
+# A long row: a day's messages of one support inbox, one after the other (more words than one window holds,
+# so the demo shows windows; each message alone is like the training data's)
+_THREAD = "\n\n".join([
+    "Hi, my name is Nora Jensen (Contoso). My parcel has not arrived. The delivery is late again, please check "
+    "the shipment. I am really upset. Write to nora.jensen@contoso.com or call +1-555-201-3344.",
+    "Hello, this is Omar Haddad from Fabrikam. I forgot my password. The app crashes on my laptop after the "
+    "update. Your support is awful and slow. You can reach me at omar_haddad@mail.test.",
+    "Dear team, I am Lucia Rossi working for Tailspin. Please cancel my subscription from next month. The service "
+    "is bad. Contact: lucia.rossi@tailspin.io, tel. +44 20 7946 0412.",
+    "Hi, this is Sven Lindqvist at Northwind. I would like a refund for the coffee machine. My bank card was "
+    "charged twice for the invoice. This is unacceptable. Mail me at sven.lindqvist@northwind.se.",
+    "My name is Priya Patel. Where is my order? It should be here by now. I ordered it on 12/03/2025. I am not "
+    "happy at all. Call me on (212) 555-0187.",
+    "Hello, this is Hugo Moreau from Litware. My password does not work any more. I am disappointed, this is "
+    "the worst experience. Reply to hugo.moreau@litware.fr or phone +33 1 42 68 53 00.",
+    "Dear support, I am Yuki Tanaka. Stop charging me every month. The invoice shows the wrong amount. Your "
+    "support is terrible. Email: yuki.tanaka@example.org",
+    "Hi, my name is Daniel Costa (Adatum). I want my money back for the shoes. The order number is in the "
+    "subject line. This is terrible and I am very angry. You can reach me at daniel.costa@adatum.pt.",
+])
 SAMPLE_EXPECTED: dict[str, Any] = {  # row id -> the decision of each question, in order
     "demo-choice": ["delivery"],
     "demo-score": ["4"],
     "demo-set": [["insult", "threat"]],
     "demo-pii": [{"person": ["Chen Garcia"], "company": ["Initech"], "email": ["chen_garcia7@mail.test"],
                   "phone": ["(415) 555-0142"]}],
-    "demo-bundle": ["negative", "food", {"person": ["Tara King"], "company": ["Hooli"],
+    "demo-bundle": ["negative", "cancel", {"person": ["Tara King"], "company": ["Hooli"],
                                          "email": ["taraking3@inbox.example.org"], "phone": ["+44 20 7946 5321"]}],
 }
 
@@ -168,9 +209,9 @@ def sample_rows() -> list[dict]:
         {"id": "demo-set", "task": "set:toxicity", "text": _ANGRY, "questions": [QUESTIONS["set:toxicity"]]},
         {"id": "demo-pii", "task": "span:pii", "text": _REFUND, "questions": [QUESTIONS["span:pii"]]},
         {"id": "demo-bundle", "task": "choice:sentiment", "text": _ANGRY,
-         "questions": [QUESTIONS["choice:sentiment"], dict(QUESTIONS["choice:topic"], task="choice:topic"),
+         "questions": [QUESTIONS["choice:sentiment"], dict(QUESTIONS["choice:intent"], task="choice:intent"),
                        dict(QUESTIONS["span:pii"], task="span:pii")]},
-        {"id": "demo-long", "task": "span:pii", "text": " ".join([_REFUND] * 40),
+        {"id": "demo-long", "task": "span:pii", "text": _THREAD,
          "questions": [QUESTIONS["span:pii"]]},
     ]
 
@@ -192,37 +233,55 @@ def untrained_demo_model() -> Vela2Model:
 class DemoRecipe:
     """How the demo is trained: synthetic rows (`vela2.train.synthetic.labelled_rows`) and `vela2 train` options."""
 
-    n_train: int = 1200  # training rows, every one bundled (all six questions over one text)
+    n_train: int = 3400  # training rows, each bundled (every question its message answers) or a thread
     train_seed: int = 1001
     n_dev: int = 300  # rows the calibration is fitted on
     dev_seed: int = 1002
-    epochs: int = 10  # 5 and 8 swung with the start (intent or spans far under the goals in some seeds)
-    lr: float = 3e-3  # in trial runs 5e-3 left intent and topic at chance
-    max_batch_tokens: int = 2048  # ~10 bundled rows a step: ~1,200 steps in all
-    lr_schedule: str = "linear"  # trial runs at a constant 2e-3..5e-3 left every choice question at chance
+    # Trials (12 batch-order seeds of this recipe on another machine's CPU): more rows of the varied messages
+    # in 3 epochs beat the old 1,200 rows x 10; an lr of 5e-3 left intent at chance, 2e-3 at 2,048 tokens a
+    # step learnt it; the choice questions sat on a plateau (every option scoring alike) for most of a run
+    # until the warm-up on short messages came first.
+    epochs: int = 3
+    lr: float = 2e-3
+    max_batch_tokens: int = 2048  # ~14 rows a step
+    lr_schedule: str = "linear"
     seed: int = 0  # batch order
+    vary_questions: bool = True  # questions now and then in the kind's default words, options reordered
+    warmup_rows: int = 1500  # first, short messages (seed train_seed + 1): see build_demo_model
+    warmup_epochs: int = 2
+    thread_share: float = 0.2  # rows asking the span question alone over a thread of 2-3 messages
+    span_threshold_cap: float = 0.6  # fitted span thresholds above it are lowered to it (_cap_span_thresholds)
 
 
 RECIPE = DemoRecipe()
-HELD_OUT_SEED = 1003  # the README's table and the tests evaluate on HELD_OUT_ROWS rows of this seed
-HELD_OUT_ROWS = 600
+# `vela2 init-demo` scores the trained model on HELD_OUT_ROWS rows of held-out families (this seed) and on
+# SEEN_ROWS new rows of its training families, and writes both to `vela2.train.demo_eval.HELD_OUT_FILE`
+HELD_OUT_SEED = 1003
+HELD_OUT_ROWS = 400
+SEEN_ROWS = 200
 
 
-def build_demo_model(recipe: DemoRecipe | None = None) -> tuple[Vela2Model, dict[str, Any]]:
+def build_demo_model(recipe: DemoRecipe | None = None,
+                     progress: bool | None = False) -> tuple[Vela2Model, dict[str, Any]]:
     """The demo model in memory, trained: `untrained_demo_model()`, then `vela2 train --full`'s code
-    path on synthetic rows (`vela2.train.training.labelled_examples` and `train`, then the calibration
-    fitted on a dev split by `vela2.train.training.finish`). Returns (model, {"epoch_losses", "train_s"}).
-    Deterministic on one machine: seeded weights, seeded rows and batch order, CPU."""
+    path (`vela2.train.training.labelled_examples` and `train`) twice: a warm-up on short messages (one
+    or two sentences: the choice questions leave their plateau there), then the synthetic rows; then the
+    calibration fitted on a dev split by `vela2.train.training.finish`, its span thresholds capped
+    (`_cap_span_thresholds`). Returns (model, {"epoch_losses", "train_s"}).
+    Deterministic on one machine: seeded weights, seeded rows and batch order, CPU. `progress`: the
+    training steps and the calibration's rows on stderr (vela2.progress; False = none)."""
     from vela2.train.synthetic import labelled_rows
     from vela2.train.training import TrainOptions, finish, labelled_examples, train
 
     recipe = recipe or RECIPE
     model = untrained_demo_model()
-    examples, skipped = labelled_examples(model, labelled_rows(recipe.n_train, recipe.train_seed, bundled_share=1.0))
+    rows = labelled_rows(recipe.n_train, recipe.train_seed, bundled_share=1.0, vary_questions=recipe.vary_questions,
+                         thread_share=recipe.thread_share)
+    examples, skipped = labelled_examples(model, rows)
     if skipped:  # generated rows are valid: a skip is a bug in vela2.train.synthetic
         raise ValueError(f"synthetic training rows were skipped: {skipped[:3]}")
     options = TrainOptions(epochs=recipe.epochs, lr=recipe.lr, full=True, max_batch_tokens=recipe.max_batch_tokens,
-                           lr_schedule=recipe.lr_schedule, seed=recipe.seed, progress=False)
+                           lr_schedule=recipe.lr_schedule, seed=recipe.seed, progress=progress)
     # One CPU thread: the sums of a matmul then add up in one order whatever the machine's core count
     # (same seed, same weights), and a busy shared machine does not stall two threads that wait on
     # each other (on 2 loaded cores two threads took several times as long as one).
@@ -230,23 +289,60 @@ def build_demo_model(recipe: DemoRecipe | None = None) -> tuple[Vela2Model, dict
     torch.set_num_threads(1)
     try:
         t0 = time.perf_counter()
+        if recipe.warmup_rows:
+            warm_rows = labelled_rows(recipe.warmup_rows, recipe.train_seed + 1, bundled_share=1.0,
+                                      vary_questions=recipe.vary_questions, short_only=True)
+            warm = replace(options, epochs=recipe.warmup_epochs)
+            train(model, labelled_examples(model, warm_rows)[0], warm)
         losses = train(model, examples, options)
         train_s = time.perf_counter() - t0
-        finish(model, labelled_rows(recipe.n_dev, recipe.dev_seed), precision="fp32")
+        finish(model, labelled_rows(recipe.n_dev, recipe.dev_seed), precision="fp32", progress=progress)
+        _cap_span_thresholds(model.calibration, recipe.span_threshold_cap)
     finally:
         torch.set_num_threads(threads)
     return model, {"epoch_losses": losses, "train_s": train_s}
 
 
-def init_demo(path: str | Path, recipe: DemoRecipe | None = None) -> Path:
+def _cap_span_thresholds(cal: Calibration, cap: float) -> None:
+    """Lower every fitted span threshold above `cap` to it. The fit maximises word-unit F1 on dev rows of
+    the training families, where the model is sure of itself; on new rows of those families (seed 1005)
+    the answers' F1 of e-mail addresses and phone numbers rose with thresholds capped at 0.6 (e-mail
+    0.884 -> 0.925, phone 0.916 -> 0.959; person 0.906 -> 0.897), and a message unlike the training
+    data gets lower probabilities still."""
+    for labels in cal.span_thresholds.values():
+        for label, thr in labels.items():
+            labels[label] = min(thr, cap)
+
+
+def init_demo(path: str | Path, recipe: DemoRecipe | None = None, progress: bool | None = None) -> Path:
     """Train the demo model (`build_demo_model`, `RECIPE` unless given) and write its checkpoint to
-    `path` (deterministic), with its DESCRIPTION_FILE; returns the path."""
+    `path` (deterministic), with its DESCRIPTION_FILE and its held-out scores (HELD_OUT_FILE:
+    `held_out_report`); returns the path. `progress`: on stderr, None =
+    a bar on a terminal, else a line every few seconds (`vela2 init-demo` takes minutes)."""
     from vela2.model.checkpoint import save
 
     path = Path(path)
-    model, info = build_demo_model(recipe or RECIPE)
+    model, info = build_demo_model(recipe or RECIPE, progress=progress)
     logger.info("demo model trained in %.1f s; epoch losses %s", info["train_s"],
                 ", ".join(f"{x:.4f}" for x in info["epoch_losses"]))
     save(model, path)
     (path / DESCRIPTION_FILE).write_text(DESCRIPTION + "\n")
+    report = held_out_report(model, recipe or RECIPE)
+    (path / HELD_OUT_FILE).write_text(json.dumps(report, indent=1) + "\n")
+    logger.info("demo model on held-out families:\n%s", format_report(report["held_out"]))
     return path
+
+
+def held_out_report(model: Vela2Model, recipe: DemoRecipe) -> dict[str, Any]:
+    """What `init_demo` writes to HELD_OUT_FILE: the model's scores on held-out families and on new rows
+    of its training families (`vela2.train.demo_eval.evaluate_split`), the goals, the recipe.
+    Deterministic on one machine (one thread, as trained)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        held = evaluate_split(model, HELD_OUT_ROWS, HELD_OUT_SEED, "held_out")
+        seen = evaluate_split(model, SEEN_ROWS, HELD_OUT_SEED, "train")
+    finally:
+        torch.set_num_threads(threads)
+    return {"model": DESCRIPTION, "goals": GOALS, "goals_missed": misses(held), "held_out": held, "seen": seen,
+            "recipe": asdict(recipe)}

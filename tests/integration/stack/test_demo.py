@@ -31,7 +31,9 @@ def test_demo_runs_on_fakeredis_when_redis_server_is_missing(demo_dir, monkeypat
     assert demo.run_demo(checkpoint=demo_dir) == 0
     out = capsys.readouterr().out
     assert "fakeredis TcpFakeServer" in out and "demo OK" in out
-    assert "the model: a 2-layer demo scorer trained on synthetic customer messages" in out  # says what it knows
+    assert "the model: vela2-demo: a toy 2-layer model trained in minutes on synthetic customer-support" in out
+    assert "it knows nothing else" in out  # says what it knows, in one line
+    assert "on messages unlike its training data (held-out.json): company F1" in out  # and how well
     assert "text 'Hi, my name is Maria Lopez from Globex. Where is my package, it has...'; " \
            "asked: What does the customer want?" in out
     for rid in (
@@ -52,11 +54,15 @@ def test_demo_runs_on_fakeredis_when_redis_server_is_missing(demo_dir, monkeypat
     answer_of = {x.split()[0]: x for x in out.splitlines() if x.startswith("demo-")}
     assert 'choice:intent: "delivery"' in answer_of["demo-choice"]
     assert 'set:toxicity: ["insult", "threat"]' in answer_of["demo-set"]
-    # e-mails by their tail: the local part's first name is where a model trained on another CPU may
-    # start the span later (README, "The demo model")
-    assert "person='Chen Garcia'" in answer_of["demo-pii"] and "garcia7@mail.test'" in answer_of["demo-pii"]
-    assert 'intent: "refund"' in answer_of["demo-systemone"] and "evans4@example.com'" in answer_of["demo-systemone"]
+    # e-mails by their domain: the first word of an address is read before its "@" (the model reads left to
+    # right), so the demo often starts the span later (docs/model/demo.md)
+    assert "person='Chen Garcia'" in answer_of["demo-pii"] and "@mail.test'" in answer_of["demo-pii"]
+    assert 'intent: "refund"' in answer_of["demo-systemone"] and "@example.com'" in answer_of["demo-systemone"]
     assert [answer_of[f"demo-bulk-{i}"].split("choice:sentiment: ")[1].split()[0] for i in range(3)] == [
         '"positive"', '"negative"', '"neutral"']
     assert "invalid_request" in next(x for x in out.splitlines() if x.startswith("demo-bad "))
+    # the long row is labelled as beyond what the demo was trained on
+    lines = out.splitlines()
+    long_at = next(i for i, x in enumerate(lines) if x.startswith("demo-long "))
+    assert "beyond the demo's training" in " ".join(lines[long_at:long_at + 3])
     assert "worker stopped (exit code 0)" in out and "returned 0 to the queue" in out

@@ -105,13 +105,14 @@ def test_block_mask_rejects_bad_shapes():
 def test_pad_batch_and_collate_pad_to(demo_model):
     seqs = [s for r in sample_rows()[:3] for s in prepare(demo_model, r).sequences]
     pad = demo_model.special_ids["pad"]
-    ids, pos, parts, segs, _, _ = collate(seqs, pad, demo_model.device, row_tokens=ROW, pad_to=300)
-    assert ids.shape == (1, 300)
+    ids, pos, parts, segs, _, _ = collate(seqs, pad, demo_model.device, row_tokens=ROW, pad_to=340)
+    assert ids.shape == (1, 340)
     n = sum(s.num_tokens for s in seqs)
+    assert n < 340  # pad_to pads past the sequences
     assert (parts[0, n:] == -1).all() and (segs[0, n:] == -1).all() and (ids[0, n:] == pad).all()
     ids2, pos2, parts2, segs2 = attention.pad_batch(ids, pos, parts, segs, pad)
-    assert ids2.shape == (1, 384) and torch.equal(ids2[:, :300], ids) and (parts2[:, 300:] == -1).all()
-    assert (segs2[:, 300:] == -1).all() and (pos2[:, 300:] == 0).all() and (ids2[:, 300:] == pad).all()
+    assert ids2.shape == (1, 384) and torch.equal(ids2[:, :340], ids) and (parts2[:, 340:] == -1).all()
+    assert (segs2[:, 340:] == -1).all() and (pos2[:, 340:] == 0).all() and (ids2[:, 340:] == pad).all()
     assert attention.pad_batch(ids2, pos2, parts2, segs2, pad)[0] is ids2  # already whole tiles
 
 

@@ -53,7 +53,7 @@ def reference_outputs(demo_model):
 
 def test_files_and_stored_dtypes(demo_dir, demo_model):
     assert {p.name for p in demo_dir.iterdir()} == {"config.json", WEIGHTS, "tokenizer.json", "calibration.json",
-                                                    "manifest.json", "description.txt"}
+                                                    "manifest.json", "description.txt", "held-out.json"}
     linear = {f"backbone.{n}.weight" for n, m in demo_model.backbone.named_modules() if isinstance(m, nn.Linear)}
     assert len(linear) >= 7 * demo_model.config.backbone["num_hidden_layers"]  # q k v o gate up down
     with safe_open(str(demo_dir / WEIGHTS), framework="pt") as f:

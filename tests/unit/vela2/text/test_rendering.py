@@ -254,7 +254,7 @@ def test_render_example_layout(demo_model):
         row, demo_model.tokenizer, demo_model.config, demo_model.calibration.default_questions
     ).sequences
     tok = demo_model.tokenizer
-    assert [tok.id_to_token(i) for i in seq.input_ids[:6]] == ["[BOS]", "the", "sky", "is", "green", "."]
+    assert [tok.id_to_token(i) for i in seq.input_ids[:6]] == ["[BOS]", "The", "sky", "is", "green", "."]
     assert seq.word_positions == [1, 2, 3, 4, 5]
     b0, b1 = seq.blocks
     assert [tok.id_to_token(seq.input_ids[m]) for m in b0.markers] == ["[OPT]", "[OPT]", "[ABS]"]
@@ -471,7 +471,7 @@ def test_window_bound_holds(n, budget, word_tokens, overlap, seed):
 
 
 def test_a_request_is_refused_by_the_tokens_it_renders_to(demo_model):
-    q = {"question": "why " * 100, "options": ["yes", "no"]}
+    q = {"question": "zq " * 150, "options": ["yes", "no"]}  # z ##q: two tokens in any demo vocabulary
     row = parse_row({"id": "x", "task": "choice:t", "text": "word " * 60_000, "questions": [q] * 32})
     with pytest.raises(LimitExceeded, match=r"renders to [\d,]+ tokens \([\d,]+ windows x 32 question blocks\); "
                                             rf"limit {LIMITS.max_request_tokens:,}"):
