@@ -29,7 +29,7 @@ def test_the_worked_example_runs(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     trained = json.loads((tmp_path / "eval.json").read_text())
     assert trained["model"] == "my-scorer" and not trained["skipped"]
-    assert set(trained["tasks"]) == {"span:pii", "choice:intent", "choice:sentiment", "choice:topic",
+    assert set(trained["tasks"]) == {"span:pii", "choice:intent", "choice:sentiment",
                                      "score:satisfaction", "set:toxicity"}
     untrained = subprocess.run([sys.executable, "-m", "vela2.cli", "eval", "--checkpoint", "ckpt/", "test.jsonl",
                                 "--json", "eval0.json"], cwd=tmp_path, env=env, capture_output=True, text=True)

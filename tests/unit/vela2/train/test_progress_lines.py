@@ -16,7 +16,7 @@ from vela2.train import demo_model
 from vela2.train.evaluate import eval_report
 from vela2.train.synthetic import labelled_rows
 
-TINY = demo_model.DemoRecipe(n_train=12, n_dev=12, epochs=1)  # the demo's code path, in seconds
+TINY = demo_model.DemoRecipe(n_train=12, n_dev=12, epochs=1, warmup_rows=8)  # the demo's code path, in seconds
 
 
 def _write(path: Path, rows: list) -> Path:
@@ -25,15 +25,18 @@ def _write(path: Path, rows: list) -> Path:
 
 
 def assert_reported(err: str, label: str, unit: str) -> list[str]:
-    """`err` holds `label`'s progress as plain lines: the first at 0, the last at the total, done."""
+    """`err` holds `label`'s progress as plain lines, in one run or several (the demo trains a warm-up
+    first): each run's first line at 0, its last at its total, done. Returns the last run's lines."""
     assert "\r" not in err, err  # no bar off a terminal
     lines = [line for line in err.splitlines() if line.startswith(f"{label}: ")]
-    assert len(lines) >= 2, err
-    first = re.fullmatch(rf"{label}: {unit} 0/([\d,]+) \(0%\), 0 s elapsed", lines[0])
-    assert first, lines
-    total = first.group(1)
-    assert lines[-1].startswith(f"{label}: {unit} {total}/{total} (100%), ") and "done in" in lines[-1], lines
-    return lines
+    starts = [i for i, line in enumerate(lines) if re.fullmatch(rf"{label}: {unit} 0/[\d,]+ \(0%\), 0 s elapsed", line)]
+    assert starts and starts[0] == 0, lines
+    for begin, end in zip(starts, [*starts[1:], len(lines)], strict=True):
+        run = lines[begin:end]
+        assert len(run) >= 2, lines
+        total = re.fullmatch(rf"{label}: {unit} 0/([\d,]+) .*", run[0]).group(1)  # type: ignore[union-attr]
+        assert run[-1].startswith(f"{label}: {unit} {total}/{total} (100%), ") and "done in" in run[-1], run
+    return lines[starts[-1]:]
 
 
 def test_train_reports_its_steps_and_the_calibration_its_rows(untrained_demo_dir, tmp_path, capsys):
