@@ -1,6 +1,6 @@
 """Producers: the client library (sync and asyncio), bulk backfill and the HTTP route.
 
-Never imports torch: a web backend installs `pip install "vela2[producer]"` and talks to Redis only.
+Never imports torch: a web backend installs the `producer` extra and talks to Redis only.
 The exceptions a caller catches are re-exported here (all from vela2.errors): InvalidRequest (a
 request the worker would refuse; a ValueError), LimitExceeded (over a documented limit; an
 InvalidRequest), ModelMismatch (a SystemOne request naming another model; an InvalidRequest),

@@ -7,7 +7,7 @@ The same message travels either way: vela2.wire.messages builds kombu's Redis en
 AMQP its body, headers and properties become the AMQP message's (what Celery's amqp transport would
 send). The queue is declared (durable, vela2.wire.keys.AMQP_QUEUE_ARGUMENTS) before a producer's
 first publish to it: RabbitMQ drops a message routed to a queue that does not exist yet (no worker
-started), and confirms it all the same. kombu (`pip install "vela2[amqp]"`) is imported only for an
+started), and confirms it all the same. kombu (the `amqp` extra) is imported only for an
 amqp:// broker. No celery, no torch.
 """
 

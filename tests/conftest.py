@@ -28,6 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the repo root first: the checkout under test, not an installed copy
     sys.path.insert(0, str(ROOT))
 
+from vela2.train.reproducible import pin  # noqa: E402
+
+# The CPU kernels pinned before anything imports torch: the demo this suite trains (in this process) is
+# the same bits on any x86-64 machine, as `vela2 init-demo`'s (vela2.train.reproducible).
+assert "torch" not in sys.modules, "torch was imported before tests/conftest.py could pin its CPU kernels"
+pin()
+
 import vela2  # noqa: E402
 
 DEMO_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vela2-tests" / "demo"

@@ -16,6 +16,12 @@ PRECISIONS = ("bf16", "fp32", "fp8")
 DEFAULT_MAX_BATCH_TOKENS = 16_384  # padded tokens (longest x count) per device batch, everywhere
 
 
+def install_hint(extra: str) -> str:
+    """How to install one of vela2's extras, as every message that needs one says it: vela2 is not on
+    PyPI, it is installed from a checkout or from the wheel `make dist` builds."""
+    return f"pip install -e '.[{extra}]' -c constraints.txt in a checkout, or 'dist/<wheel>[{extra}]'"
+
+
 def default_precision(device: str) -> str:
     """The serving precision when none is given: bf16 on CUDA, fp32 elsewhere."""
     return "bf16" if str(device).startswith("cuda") else "fp32"

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from vela2.config import install_hint
+
 LOST = "lost"
 DEFAULT_POLL_S = 0.002  # the AsyncClient's shortest pause between two reads of the awaited results
 SUBMITS_AT_ONCE = 32  # submits of one client process in flight at once (each holds a Redis connection)
@@ -87,7 +89,8 @@ class HttpDriver:
         try:
             import httpx
         except ImportError:
-            raise SystemExit('vela2 loadtest --http needs httpx: pip install "vela2[producer]"') from None
+            raise SystemExit(f"vela2 loadtest --http needs httpx, the 'producer' extra: {install_hint('producer')}") \
+                from None
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         limits = httpx.Limits(max_connections=self.connections, max_keepalive_connections=self.connections)
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, limits=limits,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vela2.api.schemas import Answer, Row, RowResult, Status
+from vela2.config import install_hint
 from vela2.errors import ModelError
 
 AnswerFn = Callable[[Row], Any]  # a row -> a RowResult, or one answer (Answer or dict) per question
@@ -20,14 +21,14 @@ def model_answerer(checkpoint: str | Path, *, device: str = "cpu", precision: st
     """An answer function running the real model in this process: `vela2.predict` on the loaded
     `checkpoint`, at `precision` (default `vela2.config.default_precision(device)`, the worker's).
     The returned function carries the model's `calibration` (SystemOne default question texts).
-    Needs torch (``pip install "vela2[model]"``)."""
+    Needs torch (the `model` extra)."""
     try:
         from vela2.config import default_precision
         from vela2.model.checkpoint import load, serving_dtype
         from vela2.scoring.predict import predict
     except ImportError as e:
-        raise ImportError(f'answer="model" runs the model in this process and needs torch: '
-                          f'pip install "vela2[model]" ({e})') from e
+        raise ImportError(f'answer="model" runs the model in this process and needs torch, the \'model\' '
+                          f'extra: {install_hint("model")} ({e})') from e
     chosen = precision or default_precision(device)
     model = load(checkpoint, device=device, dtype=serving_dtype(chosen))
 

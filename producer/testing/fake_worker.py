@@ -4,7 +4,7 @@
     from producer import Client
     from producer.testing import FakeWorker, assert_ok
 
-    redis = fakeredis.FakeRedis()                 # needs fakeredis[lua]: pip install "vela2[testing]"
+    redis = fakeredis.FakeRedis()                 # needs fakeredis[lua]: the testing extra
     client = Client(redis=redis, model="vela2-demo")
     worker = FakeWorker(redis, model="vela2-demo")          # answer="stub": deterministic answers
     rid = client.submit({"id": "r-1", "task": "choice:boolq", "text": "The sky is green.",
@@ -46,7 +46,7 @@ Answers (`answer=`):
   real worker's never carry ``vela2_fake``; with the other answers its value is ``"model"`` or the
   answer function's name): these are no model's answers.
 - ``"model"``: the real model in this process (`vela2.predict` on `checkpoint=`, e.g. the demo
-  checkpoint written by `vela2 init-demo DIR`; needs torch: ``pip install "vela2[model]"``), at
+  checkpoint written by `vela2 init-demo DIR`; needs torch: the `model` extra), at
   `precision` (default as the worker: bf16 on CUDA, fp32 on a CPU).
 - a callable ``answer(row) -> RowResult | list of answers``: `row` is the validated
   `vela2.api.schemas.Row` (a SystemOne request arrives as the row it becomes, one question per task in
@@ -98,7 +98,7 @@ from vela2.api.schemas import (
     guess_id_task,
     parse_row,
 )
-from vela2.config import default_precision
+from vela2.config import default_precision, install_hint
 from vela2.errors import ModelError, Vela2Error
 from vela2.model.calibration import Calibration
 from vela2.wire import fleet, keys
@@ -125,7 +125,7 @@ from vela2.wire.results import (
     row_meta,
 )
 
-TESTING_EXTRA = 'pip install "vela2[testing]"'
+TESTING_EXTRA = f"the 'testing' extra: {install_hint('testing')}"
 _TAKE_WAIT_S = 0.05  # longest a thread waits between Redis calls when idle, so stop() and pause() act quickly
 _IDLE_POLL_S = 0.02  # a thread's pause between two looks at empty queues
 

@@ -12,7 +12,7 @@ Fixtures, each fresh per test:
   it per test with the marker ``@pytest.mark.vela2(answer=..., thread=False, ...)``: every keyword
   but `thread` goes to FakeWorker; ``thread=False`` leaves the thread off (call `drain()`).
 
-The fixtures need fakeredis with Lua (``pip install "vela2[testing]"``); a missing one fails the
+The fixtures need fakeredis with Lua (the `testing` extra); a missing one fails the
 test with that line. Assertions: `producer.testing.assert_ok`.
 """
 

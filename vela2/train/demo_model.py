@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -238,17 +241,22 @@ class DemoRecipe:
     n_dev: int = 300  # rows the calibration is fitted on
     dev_seed: int = 1002
     # Trials (12 batch-order seeds of this recipe on another machine's CPU): more rows of the varied messages
-    # in 3 epochs beat the old 1,200 rows x 10; an lr of 5e-3 left intent at chance, 2e-3 at 2,048 tokens a
-    # step learnt it; the choice questions sat on a plateau (every option scoring alike) for most of a run
-    # until the warm-up on short messages came first.
+    # in 3 epochs beat the old 1,200 rows x 10; an lr of 5e-3 left intent at chance, 2e-3 learnt it; the
+    # choice questions sat on a plateau (every option scoring alike) for most of a run until the warm-up on
+    # short messages came first. Then (2026-12-06, one 2-core machine): steps of 1,024 tokens after the
+    # warm-up (twice the steps for about 6% more time) about halved the last epoch's loss; steps of 512 left intent
+    # at chance, and so did a warm-up in steps of 1,024 now and then (intent after it at 0.37-0.43 on short
+    # messages; in steps of 2,048, 0.51-0.71): the warm-up takes steps of 2,048 for 3 epochs (short
+    # messages are cheap).
     epochs: int = 3
     lr: float = 2e-3
-    max_batch_tokens: int = 2048  # ~14 rows a step
+    max_batch_tokens: int = 1024  # ~7 rows a step
     lr_schedule: str = "linear"
     seed: int = 0  # batch order
     vary_questions: bool = True  # questions now and then in the kind's default words, options reordered
     warmup_rows: int = 1500  # first, short messages (seed train_seed + 1): see build_demo_model
-    warmup_epochs: int = 2
+    warmup_epochs: int = 3
+    warmup_batch_tokens: int = 2048  # the warm-up's steps (0: max_batch_tokens)
     thread_share: float = 0.2  # rows asking the span question alone over a thread of 2-3 messages
     span_threshold_cap: float = 0.6  # fitted span thresholds above it are lowered to it (_cap_span_thresholds)
 
@@ -292,7 +300,8 @@ def build_demo_model(recipe: DemoRecipe | None = None,
         if recipe.warmup_rows:
             warm_rows = labelled_rows(recipe.warmup_rows, recipe.train_seed + 1, bundled_share=1.0,
                                       vary_questions=recipe.vary_questions, short_only=True)
-            warm = replace(options, epochs=recipe.warmup_epochs)
+            warm = replace(options, epochs=recipe.warmup_epochs,
+                           max_batch_tokens=recipe.warmup_batch_tokens or recipe.max_batch_tokens)
             train(model, labelled_examples(model, warm_rows)[0], warm)
         losses = train(model, examples, options)
         train_s = time.perf_counter() - t0
@@ -318,10 +327,19 @@ def init_demo(path: str | Path, recipe: DemoRecipe | None = None, progress: bool
     """Train the demo model (`build_demo_model`, `RECIPE` unless given) and write its checkpoint to
     `path` (deterministic), with its DESCRIPTION_FILE and its held-out scores (HELD_OUT_FILE:
     `held_out_report`); returns the path. `progress`: on stderr, None =
-    a bar on a terminal, else a line every few seconds (`vela2 init-demo` takes minutes)."""
+    a bar on a terminal, else a line every few seconds (`vela2 init-demo` takes minutes).
+    A process whose CPU kernels are not pinned (`vela2.train.reproducible`) trains the default recipe in
+    a child process that has them, so that every x86-64 machine writes the same bits."""
     from vela2.model.checkpoint import save
+    from vela2.train import reproducible
 
     path = Path(path)
+    if recipe is None and not reproducible.is_pinned():
+        code = "import sys, json; from vela2.train.demo_model import init_demo; init_demo(sys.argv[1], " \
+               "progress=json.loads(sys.argv[2]))"
+        env = {**os.environ, **reproducible.pinned_settings()}
+        subprocess.run([sys.executable, "-c", code, str(path), json.dumps(progress)], env=env, check=True)
+        return path
     model, info = build_demo_model(recipe or RECIPE, progress=progress)
     logger.info("demo model trained in %.1f s; epoch losses %s", info["train_s"],
                 ", ".join(f"{x:.4f}" for x in info["epoch_losses"]))

@@ -73,8 +73,8 @@ class _Text:
 
 # --- slot values -----------------------------------------------------------------------------------
 
-PERSON_FORMATS = ["full", "first", "double", "three", "particle", "hyphen-first", "middle-initial", "initial",
-                  "apostrophe", "unseen"]
+PERSON_FORMATS = ["full", "first", "double", "three", "particle", "hyphen-first", "middle-initial", "last-initial",
+                  "initial", "apostrophe", "unseen"]
 EMAIL_FORMATS = ["mixed", "first-digits", "hyphen", "last-first-tag"]
 PHONE_FORMATS = ["us", "paren", "uk", "dots", "de", "dash", "intl", "slash", "no", "fr", "au", "us-space"]
 
@@ -92,6 +92,8 @@ def _person(rng: random.Random, split: str, fmt: str) -> tuple[str, str, str]:
         return f"{first} {last}-{rng.choice(tpl.LAST_NAMES[split])}", first, last
     if fmt == "three":
         return f"{first} {rng.choice(tpl.FIRST_NAMES[split])} {last}", first, last
+    if fmt == "last-initial":
+        return f"{first} {last[0]}.", first, last
     if fmt == "initial":
         return f"{first[0]}. {last}", first, last
     if fmt == "particle":

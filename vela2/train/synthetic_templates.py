@@ -32,15 +32,24 @@ WANT = {  # intent -> what the customer wants, as a verb phrase
     "cancel": ["cancel my subscription", "close my account", "stop the plan", "end my membership",
                "cancel the contract", "stop the monthly renewal"],
 }
+WANT_MORE = {  # more of them, in training frames only (held-out frames take WANT's)
+    "refund": ["return {item} for a refund", "get the money for {item} back on my card"],
+    "delivery": ["find my package", "get a delivery date for {item}"],
+    "password": ["sign in to my account", "get a new password"],
+    "cancel": ["quit the plan", "cancel my membership today"],
+}
 WANT_FRAMES = ["I would like to {want}.", "Please help me {want}.", "I want to {want}.", "Can you help me {want}?",
-               "How can I {want}?", "I need to {want} today."]
+               "How can I {want}?", "I need to {want} today.", "I'd like to {want}, please.",
+               "Is it possible to {want}?", "I am writing to {want}.", "Could I {want} this week?",
+               "I wish to {want}.", "Help me {want}, please.", "I hope you can help me {want}.",
+               "I still need to {want}.", "Where can I {want}?", "Please let me {want}."]
 WANT_FRAMES_NEW = ["Is there a way to {want}?", "I am trying to {want}.", "All I want is to {want}.",
                    "What do I do to {want}?"]
 
 # intent -> family -> sentences
 INTENTS: dict[str, dict[str, list[str]]] = {
     intent: {
-        "frames": _frames(WANT_FRAMES, wants, "want"),
+        "frames": _frames(WANT_FRAMES, wants + WANT_MORE[intent], "want"),
         "frames-new": _frames(WANT_FRAMES_NEW, wants, "want"),
         **statements,
     }
@@ -50,6 +59,10 @@ INTENTS: dict[str, dict[str, list[str]]] = {
                       "Refund please.", "Money back, please.", "I sent {item} back, so please pay me back."],
             "refund": ["I would like a refund for {item}.", "Can I get a refund for {item}?", "Please refund {item}.",
                        "I need a refund.", "refund for {item} pls"],
+            "returned": ["I returned {item} weeks ago and still have no refund.", "The refund for {item} never came.",
+                         "You owe me a refund for {item}.", "Where is the refund for {item}?",
+                         "I was charged for {item} and want the money back.", "I never got my money back.",
+                         "I am still waiting for my refund."],
             "broken": ["{item} was broken, so I expect a full refund.", "Money back for {item}, it was damaged.",
                        "Please pay me back for {item}."]}),
         ("delivery", WANT["delivery"], {
@@ -57,6 +70,10 @@ INTENTS: dict[str, dict[str, list[str]]] = {
                       "{item} still has not arrived."],
             "late": ["The delivery is late again, please check the shipment.", "The parcel is {days} days late.",
                      "The courier never came with {item}.", "The tracking page shows nothing for {item}."],
+            "courier": ["The courier left {item} at the wrong door.", "Nobody delivered {item}.",
+                        "The package is stuck somewhere on the way.", "Shipping takes far too long.",
+                        "Still no parcel, and it was due {when}.", "When will {item} finally arrive?",
+                        "I am still waiting for {item}."],
             "late-parcel": ["My parcel is late and the tracking shows nothing.",
                             "{item} has not arrived and the courier does not answer.",
                             "Where is {item}? The delivery is still not here."]}),
@@ -65,6 +82,9 @@ INTENTS: dict[str, dict[str, list[str]]] = {
                       "It says my password is wrong.", "I cannot log in, please reset my password."],
             "locked": ["I am locked out of my account.", "I forgot my password.", "Send me a password reset link.",
                        "I cannot access my account."],
+            "access": ["The reset email never came.", "My login code does not work.", "I can't sign in any more.",
+                       "The app keeps asking for my password.", "Someone changed my password.",
+                       "My account is blocked after three tries."],
             "login": ["The login page says my password is wrong again.",
                       "I am locked out again and the reset link fails.", "My account will not let me log in."]}),
         ("cancel", WANT["cancel"], {
@@ -72,6 +92,10 @@ INTENTS: dict[str, dict[str, list[str]]] = {
                        "Cancel my plan, please.", "I want to cancel my subscription."],
             "stop": ["Stop charging me every month.", "Close my account, please.", "Stop the renewal of my plan.",
                      "I do not need the plan any more, cancel it."],
+            "quit": ["I want out of the contract.", "Please end my subscription now.", "Do not renew my plan.",
+                     "Terminate my account, please.", "I am leaving, so cancel everything.",
+                     "I will not pay for another month, cancel it.",
+                     "I am done with this plan, cancel it."],
             "no-more": ["The membership is not for me, please stop it.",
                         "Please, no more renewals: end the plan today.", "Please close the subscription for good."]}),
     )
@@ -87,37 +111,42 @@ FEELINGS = {
     "positive": {"happy": "4", "very happy": "5", "satisfied": "4", "delighted": "5"},
     "negative": {"angry": "1", "furious": "1", "upset": "2", "disappointed": "2", "unhappy": "2"},
 }
+# words of mood only training rows use (held-out rows use the ones above, in new frames)
+MORE_ADJECTIVES = {
+    "positive": {"wonderful": "5", "amazing": "5", "nice": "4", "kind": "4", "fast": "4", "polite": "4"},
+    "negative": {"lousy": "1", "useless": "1", "careless": "2", "unhelpful": "2", "sloppy": "2", "lazy": "2"},
+}
+MORE_FEELINGS = {
+    "positive": {"pleased": "4", "glad": "4", "thrilled": "5", "really happy": "5"},
+    "negative": {"annoyed": "2", "frustrated": "2", "fed up": "1", "so angry": "1", "sad": "2"},
+}
 ADJ_FRAMES = ["Your {noun} is {adj}.", "The {noun} was {adj}.", "What {adj} {noun} you have.",
-              "I think your {noun} is {adj}."]
+              "I think your {noun} is {adj}.", "The {noun} is really {adj}.", "Your {noun} was so {adj} today.",
+              "My experience with the {noun} was {adj}.", "Such {adj} {noun}.", "The {noun} here is always {adj}.",
+              "Everyone says your {noun} is {adj}.", "I must say the {noun} was {adj}.", "Your {noun}: {adj}.",
+              "It was a {adj} experience with your {noun}.", "The {noun} looked {adj} to me.",
+              "We had {adj} {noun} from you.", "The {noun} you gave me was {adj}.", "Really {adj} {noun} this time.",
+              "Once again the {noun} was {adj}.", "I call your {noun} {adj}.", "Your {noun} proved {adj}.",
+              "Overall, the {noun} was {adj}.", "Lately your {noun} is {adj}.", "The {noun} turned out {adj}."]
 ADJ_FRAMES_NEW = ["Honestly, the {noun} has been {adj}.", "I found your {noun} {adj}.",
                   "So far your {noun} seems {adj}."]
-FEEL_FRAMES = ["I am {feel} with your {noun}.", "I am really {feel}.", "This makes me {feel}."]
+FEEL_FRAMES = ["I am {feel} with your {noun}.", "I am really {feel}.", "This makes me {feel}.",
+               "We are {feel} with the {noun}.", "I was {feel} after talking to your {noun}.", "You made me {feel}.",
+               "I'm so {feel} right now.", "My wife is {feel} with the {noun}.", "Still {feel} with your {noun}.",
+               "The {noun} left me {feel}.", "My family is {feel}.", "I am more than {feel}.",
+               "To be clear, I am {feel}.", "Your {noun} made my whole team {feel}.",
+               "I got {feel} with your {noun}.", "We became {feel} about the {noun}.", "I remain {feel}.",
+               "Now I am {feel} about the {noun}.", "Me? I am {feel}."]
 FEEL_FRAMES_NEW = ["Frankly, I feel {feel} about the {noun}.", "All of us are {feel} now."]
-
-
-def _mood(frames: list[str], words: dict[str, str], slot: str) -> dict[str, str]:
-    """Every frame with every mood noun and every word of `words`: sentence -> the word's score."""
-    by_noun = dict.fromkeys(f.replace("{noun}", n) for f in frames for n in MOOD_NOUNS)
-    return {f.replace("{" + slot + "}", word): score for f in by_noun for word, score in words.items()}
-
-
-# sentiment -> family -> {sentence: the satisfaction score (1-5) it expresses}
-SENTIMENTS: dict[str, dict[str, dict[str, str]]] = {
+# fixed sentences of mood: sentiment -> family -> {sentence: score}
+MOOD_SENTENCES: dict[str, dict[str, dict[str, str]]] = {
     "positive": {
-        "adj": _mood(ADJ_FRAMES, ADJECTIVES["positive"], "adj"),
-        "feel": _mood(FEEL_FRAMES, FEELINGS["positive"], "feel"),
-        "adj-new": _mood(ADJ_FRAMES_NEW, ADJECTIVES["positive"], "adj"),
-        "feel-new": _mood(FEEL_FRAMES_NEW, FEELINGS["positive"], "feel"),
         "thanks": {"Thanks a lot, your team was great.": "4", "Thank you for the quick help.": "4",
                    "Many thanks, you were very helpful.": "4", "Thanks, the support was excellent.": "5"},
         "love": {"I really love the service, well done.": "5", "I love this shop.": "5",
                  "Your app is fantastic.": "5", "Great product, I am very happy.": "5"},
     },
     "negative": {
-        "adj": _mood(ADJ_FRAMES, ADJECTIVES["negative"], "adj"),
-        "feel": _mood(FEEL_FRAMES, FEELINGS["negative"], "feel"),
-        "adj-new": _mood(ADJ_FRAMES_NEW, ADJECTIVES["negative"], "adj"),
-        "feel-new": _mood(FEEL_FRAMES_NEW, FEELINGS["negative"], "feel"),
         "angry": {"This is terrible and I am very angry.": "1", "I am furious about this.": "1",
                   "This is unacceptable.": "1", "I am really upset.": "2"},
         "awful": {"Your support is awful and slow.": "2", "The service is bad.": "2",
@@ -130,9 +159,39 @@ SENTIMENTS: dict[str, dict[str, dict[str, str]]] = {
                 "I look forward to your answer.": "3", "I'm writing about my order.": "3"},
         "plain": {"This is my second message about it.": "3", "Nothing else to add.": "3",
                   "I attached the receipt.": "3", "The order number is in the subject line.": "3"},
+        "note": {"Here is the order number you asked for.": "3", "I called yesterday about the same thing.": "3",
+                 "Please forward this to the right team.": "3", "My details are below.": "3",
+                 "I am waiting for your answer.": "3", "Can you look into it?": "3"},
         "fyi": {"I will send more details tomorrow.": "3", "Just writing to check on the case.": "3",
                 "Let me know if you need the receipt.": "3", "I have one more question about it.": "3"},
     },
+}
+# family -> (frames, words by sentiment, the frames' slot): sentences of mood made of a frame and a word
+MOOD_FRAMES: dict[str, tuple[list[str], dict[str, dict[str, str]], str]] = {
+    "adj": (ADJ_FRAMES, ADJECTIVES, "adj"),
+    "feel": (FEEL_FRAMES, FEELINGS, "feel"),
+    "adj-more": (ADJ_FRAMES, MORE_ADJECTIVES, "adj"),
+    "feel-more": (FEEL_FRAMES, MORE_FEELINGS, "feel"),
+    "adj-new": (ADJ_FRAMES_NEW, ADJECTIVES, "adj"),
+    "feel-new": (FEEL_FRAMES_NEW, FEELINGS, "feel"),
+}
+
+
+def _mood(frames: list[str], words: dict[str, str], slot: str) -> dict[str, str]:
+    """Every frame with every mood noun and every word of `words`: sentence -> the word's score."""
+    by_noun = dict.fromkeys(f.replace("{noun}", n) for f in frames for n in MOOD_NOUNS)
+    return {f.replace("{" + slot + "}", word): score for f in by_noun for word, score in words.items()}
+
+
+# sentiment -> family -> {sentence: the satisfaction score (1-5) it expresses}: the frames' families, then
+# the fixed sentences' (neutral messages have no words of mood to put in a frame)
+SENTIMENTS: dict[str, dict[str, dict[str, str]]] = {
+    sentiment: {
+        **{family: _mood(frames, words[sentiment], slot) for family, (frames, words, slot) in MOOD_FRAMES.items()
+           if sentiment in words},
+        **MOOD_SENTENCES[sentiment],
+    }
+    for sentiment in ("positive", "negative", "neutral")
 }
 
 # topic -> family -> sentences
@@ -193,6 +252,8 @@ INTROS: dict[str, list[str]] = {
     "i-am": ["Dear team, I am {person} working for {company}.", "I am {person}, a client of {company}.",
              "Dear support, I'm {person}.", "I'm {person} ({email}) from {company}.", "Hello, I'm {person}."],
     "here": ["{person} here, from {company}.", "Hi, {person} at {company} here.", "{person} here."],
+    "from": ["{person} writing from {company}.", "It's {person} here, from {company}.", "Greetings from {person}.",
+             "From: {person} ({company})", "Sender: {person}", "Hi all, {person} of {company} speaking."],
     "intro-new": ["This is {person} writing for {company}.", "Hi, I'm {person} ({company}).",
                   "{person} from {company} again.", "Good morning, my name is {person}."],
 }
@@ -200,6 +261,8 @@ SIGNOFFS: dict[str, list[str]] = {
     "best": ["Best, {person}", "Best wishes, {person}", "All the best, {person} ({company})"],
     "thanks": ["Thanks, {person}", "Thank you, {person}", "Many thanks, {person}"],
     "regards": ["Regards,\n{person}", "Regards, {person}, {company}", "-- {person}, {company}"],
+    "cheers": ["Cheers, {person}", "Sincerely,\n{person}", "Yours truly, {person} ({company})", "Take care, {person}",
+               "Warm wishes from {person}", "See you, {person}"],
     "signoff-new": ["Best regards, {person}", "Thanks again, {person} ({company})", "Regards and thanks,\n{person}",
                     "Many thanks and best wishes, {person}"],
 }
@@ -210,6 +273,10 @@ EMAIL_LEADS: dict[str, list[str]] = {
     "write": ["Write to {email}", "Reply to {email}", "Please answer to {email}"],
     "label": ["Contact: {email}", "Email: {email}", "E-mail: {email}", "My e-mail is {email}"],
     "mail-me": ["mail me at {email}", "email me at {email}", "Send the answer to {email}"],
+    "inbox": ["my inbox is {email}", "I check {email} every day", "the best e-mail is {email}", "reply at {email}",
+              "use {email}", "my work e-mail is {email}"],
+    "answer-at": ["answer me at {email}", "forward it to {email}", "write me at {email}", "send a reply to {email}",
+                  "get back to me at {email}", "any news to {email}"],
     "drop": ["drop me a line at {email}", "my address is {email}", "e-mail me on {email}", "send it to {email}"],
 }
 PHONE_LEADS: dict[str, list[str]] = {

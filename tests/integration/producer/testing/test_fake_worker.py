@@ -90,12 +90,13 @@ def test_the_fixtures_name_the_extra_when_fakeredis_has_no_lua(tmp_path):
         "def test_a_fake_worker_on_it():\n"
         "    import fakeredis, pytest\n"
         "    from producer.testing import FakeWorker\n"
-        "    with pytest.raises(RuntimeError, match=r'cannot run Lua scripts .* pip install \"vela2\\[testing\\]\"'):\n"
+        "    with pytest.raises(RuntimeError, match=r\"cannot run Lua scripts .* the 'testing' extra: pip install\"):\n"
         "        FakeWorker(fakeredis.FakeRedis())\n")
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=tmp_path,
                          env=child_env(), capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and "1 passed, 1 error" in run.stdout, run.stdout
     assert "During handling" not in run.stdout  # one message, no chained traceback
-    assert 'the vela2 fixtures need fakeredis with Lua support: pip install "vela2[testing]"' in run.stdout
+    assert ("the vela2 fixtures need fakeredis with Lua support: the 'testing' extra: pip install -e "
+            "'.[testing]' -c constraints.txt in a checkout, or 'dist/<wheel>[testing]'") in run.stdout
 
 

@@ -102,3 +102,23 @@ def test_texts_without_spans_hold_no_name_address_or_number():
     assert not re.search(r"\S@\S+\.[a-z]", cut) and not re.search(r"\+\d", cut)  # no e-mail address, no phone
     for name in tpl.FIRST_NAMES["train"] + tpl.CITIES["train"]:
         assert f" {name} " not in cut, name
+
+
+def test_training_frames_and_words_are_not_the_held_out_ones():
+    """Training families say a request or a mood in other frames than held-out ones, and the words only
+    training frames take (WANT_MORE, MORE_ADJECTIVES, MORE_FEELINGS) never fill a held-out frame; the
+    mood families are generated from frames x words (SENTIMENTS), as the request frames are (INTENTS)."""
+    assert not set(tpl.WANT_FRAMES) & set(tpl.WANT_FRAMES_NEW)
+    assert not set(tpl.ADJ_FRAMES) & set(tpl.ADJ_FRAMES_NEW)
+    assert not set(tpl.FEEL_FRAMES) & set(tpl.FEEL_FRAMES_NEW)
+    for intent, wants in tpl.WANT_MORE.items():
+        held = " ".join(tpl.INTENTS[intent]["frames-new"])
+        assert not set(wants) & set(tpl.WANT[intent]) and all(w.split("{")[0] not in held for w in wants)
+    for sentiment in ("positive", "negative"):
+        families = tpl.SENTIMENTS[sentiment]
+        assert families["adj-new"] == tpl._mood(tpl.ADJ_FRAMES_NEW, tpl.ADJECTIVES[sentiment], "adj")
+        assert families["feel-new"] == tpl._mood(tpl.FEEL_FRAMES_NEW, tpl.FEELINGS[sentiment], "feel")
+        extra = {*tpl.MORE_ADJECTIVES[sentiment], *tpl.MORE_FEELINGS[sentiment]}
+        assert not extra & {*tpl.ADJECTIVES[sentiment], *tpl.FEELINGS[sentiment]}
+        for family in ("adj-new", "feel-new"):
+            assert not any(re.search(rf"\b{w}\b", s) for s in families[family] for w in extra), family
