@@ -1,11 +1,15 @@
 """`vela2 parity`: the seed's parity report, reproduced for our own paths.
 
 Arms: predict() in bf16, fp32 and fp8 (the reference path) and the queue path (worker) in the same
-precisions. Sections: rendering, outputs per comparison x type (each worker arm against predict()
-at its precision, then fp32 vs bf16 and fp8 vs bf16: what each precision changes), bundled vs
-single in fp32 and in fp8 (with the noise-floor control), SystemOne vs predict(), arm run times.
-Exit status is non-zero when a same-precision comparison shows a decision / span-set diff or a
-rendering mismatch.
+precisions, both in batch-invariant mode (vela2.model.invariant) where the backbone allows it, so that
+a same-precision comparison compares like with like: the same kernels, weights and numbers for every
+sequence whatever batch it ran in. Sections: rendering, outputs per comparison x type (each worker
+arm against predict() at its precision, then fp32 vs bf16 and fp8 vs bf16: what each precision
+changes), the noise floor (the default mode's batch-shape effect: the same rows batched vs one per
+batch, counted, never a failure by itself), bundled vs single in fp32 and in fp8 (with the
+noise-floor control), SystemOne vs predict(), arm run times. Exit status is non-zero when a
+same-precision comparison shows any difference (a logit, a decision, a span set) or a rendering
+mismatch.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class Comparison:
     type: str
     same_precision: bool
     n: int = 0
+    noise_floor: bool = False  # the default mode's batch-shape effect: reported, never a failure by itself
     max_abs_prob_diff: float = 0.0
     max_abs_logit_diff: float = 0.0
     decision_diffs: int = 0
@@ -69,9 +74,10 @@ def _maxdiff(a: list[float] | np.ndarray, b: list[float] | np.ndarray) -> float:
     return float(np.abs(a - b).max()) if a.size else 0.0
 
 
-def compare(name: str, left: list[dict], right: list[dict], same_precision: bool) -> list[Comparison]:
+def compare(name: str, left: list[dict], right: list[dict], same_precision: bool,
+            noise_floor: bool = False) -> list[Comparison]:
     """Compare two arms' result dicts (same rows, same order), question by question."""
-    comps = {t: Comparison(name, t, same_precision) for t in TYPES}
+    comps = {t: Comparison(name, t, same_precision, noise_floor=noise_floor) for t in TYPES}
     for a, b in zip(left, right, strict=True):
         if a.get("status") != "ok" or b.get("status") != "ok":
             if a.get("status") != b.get("status"):
@@ -281,12 +287,30 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"Vela 2 parity: {report['checkpoint']} ({report['model']}, checkpoint digest {report.get('digest')}), "
              f"device {report['device']}", "",
              f"Rows: {', '.join(f'{k} {v}' for k, v in report['row_counts'].items())} = {report['rows']} rows.",
-             "", "Rendering (predict() renders vs worker renders)", "",
+             "", _mode_line(report), "", "Rendering (predict() renders vs worker renders)", "",
              "rows\tsequences (incl. windows)\tmismatches\tparts ids\tblocks\tword positions / offsets\twindow count",
              f"{r['rows']}\t{r['sequences']}\t{r['mismatches']}\t{r['parts']}\t{r['blocks']}\t"
              f"{r['word_positions'] + r['offsets']}\t{r['window_count']}", "", "Outputs", "",
              "comparison\ttype\tn\tmax abs prob diff\tmax abs logit diff\targmax / decision diffs"]
-    for c in report["comparisons"]:
+    lines += _comparison_lines([c for c in report["comparisons"] if not c.get("noise_floor")])
+    lines += ["", "Noise floor (the default mode: the same rows batched together vs each alone; a batch-shape "
+              "effect, never a failure by itself)", "",
+              "comparison\ttype\tn\tmax abs prob diff\tmax abs logit diff\targmax / decision diffs"]
+    lines += _comparison_lines([c for c in report["comparisons"] if c.get("noise_floor")])
+    return "\n".join(lines + _format_bundles(report)) + "\n"
+
+
+def _mode_line(report: dict[str, Any]) -> str:
+    if report.get("batch_invariant"):
+        return ("Mode: batch-invariant (every arm; a sequence's numbers do not depend on its batch, so a "
+                "same-precision comparison must show no difference at all).")
+    return ("Mode: default (this backbone has no batch-invariant mode: "
+            f"{report.get('batch_invariant_unavailable')}); same-precision arms are held to equal decisions.")
+
+
+def _comparison_lines(comparisons: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for c in comparisons:
         kind = c["type"]
         if kind == "span":
             kind = f"span ({c['word_units']} word units)"
@@ -296,6 +320,11 @@ def format_report(report: dict[str, Any]) -> str:
             tail = str(c["decision_diffs"])
         lines.append(f"{c['name']}\t{kind}\t{c['n']}\t{c['max_abs_prob_diff']:.3g}\t"
                      f"{c['max_abs_logit_diff']:.3g}\t{tail}")
+    return lines
+
+
+def _format_bundles(report: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     bundles = [(report["bundle_precision"], report["bundled_vs_single"])]
     if "bundled_vs_single_fp8" in report:
         bundles.append(("fp8", report["bundled_vs_single_fp8"]))
@@ -317,30 +346,37 @@ def format_report(report: dict[str, Any]) -> str:
               f"rejected={s['other_model_rejected']}."]
     lines += ["", "Arm run times", "", ", ".join(f"{k} {v:.1f} s" for k, v in report["times_s"].items())]
     lines += ["", f"Verdict: {'PASS' if report['ok'] else 'FAIL'} — " + report["verdict"]]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def verdict(report: dict[str, Any]) -> tuple[bool, str]:
-    """Pass when same-precision comparisons show no decision diff and rendering has no mismatch."""
-    bad = [f"{c['name']} {c['type']}: {c['decision_diffs']} decision diffs" for c in report["comparisons"]
-           if c["same_precision"] and c["decision_diffs"]]
+    """Pass when same-precision comparisons show no difference (in batch-invariant mode: not a logit; in
+    the default mode, where the backbone has no invariant mode: not a decision) and rendering has no
+    mismatch. Noise-floor rows never fail it."""
+    exact = report.get("batch_invariant", False)
+    bad = [f"{c['name']} {c['type']}: {c['decision_diffs']} decision diffs, max |logit diff| "
+           f"{c['max_abs_logit_diff']:.3g}" for c in report["comparisons"]
+           if c["same_precision"] and not c.get("noise_floor")
+           and (c["decision_diffs"] or (exact and (c["max_abs_logit_diff"] or c["max_abs_prob_diff"])))]
     if report["rendering"]["mismatches"]:
         bad.append(f"{report['rendering']['mismatches']} rendering mismatches")
     if not report["systemone"]["ok"] or not report["systemone"]["other_model_rejected"]:
         bad.append("SystemOne answers differ from predict()")
-    return (not bad, "; ".join(bad) if bad else "same-precision arms agree on every decision; renders identical")
+    agree = "are the same bits" if exact else "agree on every decision"
+    return (not bad, "; ".join(bad) if bad else f"same-precision arms {agree}; renders identical")
 
 
 # --- running it -----------------------------------------------------------------------------------
 
 
 def _worker_arm(checkpoint: str, rows: list[dict], *, redis_url: str, device: str, precision: str,
-                workdir: Path, max_batch_tokens: int, tag: str) -> tuple[list[dict], float]:
+                workdir: Path, max_batch_tokens: int, tag: str, batch_invariant: bool) -> tuple[list[dict], float]:
     """The queue path: a real worker process at `precision`, every row submitted through the
     producer client (ids suffixed with `tag`, so arms never share a write-once result)."""
     log_path = workdir / f"worker-{tag}.log"
     worker = WorkerProcess.start(redis_url, checkpoint, log_path, name=f"parity-{precision}", device=device,
-                                 precision=precision, max_batch_tokens=max_batch_tokens, max_wait_ms=20)
+                                 precision=precision, max_batch_tokens=max_batch_tokens, max_wait_ms=20,
+                                 batch_invariant=int(batch_invariant))
     try:
         worker.wait_ready()
         client = Client(redis_url, model=_model_name(checkpoint))
@@ -368,17 +404,37 @@ def _model_name(checkpoint: str) -> str:
     return Vela2Config.read(checkpoint).name
 
 
+def noise_floor(models: dict[str, Any], rows: list[dict], max_batch_tokens: int) -> list[Comparison]:
+    """The default mode's batch-shape effect per precision: predict() of `rows` batched together vs each
+    row alone (its own batch). Decision flips here are what batch-invariant mode removes."""
+    import vela2
+
+    out: list[Comparison] = []
+    for p, m in models.items():
+        batched = [r.to_json_dict() for r in vela2.predict(m, rows, precision=p, max_batch_tokens=max_batch_tokens,
+                                                           batch_invariant=False)]
+        alone = [vela2.predict(m, [r], precision=p, batch_invariant=False)[0].to_json_dict() for r in rows]
+        out += compare(f"noise_floor_{p}_batched_vs_alone", batched, alone, True, noise_floor=True)
+    return out
+
+
 def run_parity(checkpoint: str, rows: list[dict], *, redis_url: str | None = None, device: str = "cpu",
                max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> dict[str, Any]:
-    """Run every arm and comparison; returns the report dict (see `format_report`)."""
+    """Run every arm and comparison; returns the report dict (see `format_report`). The arms run in
+    batch-invariant mode unless the backbone has none (the report says why)."""
     import tempfile
 
     import vela2
+    from vela2.model import fused
     from vela2.model.checkpoint import load, serving_dtype
 
     rows = debug_rows(rows)
     times: dict[str, float] = {}
     models = {p: load(checkpoint, device=device, dtype=serving_dtype(p)) for p in PRECISIONS}
+    fp32 = models["fp32"]
+    no_invariant = fused.supported(fp32.backbone)  # None: the backbone has the batch-invariant mode
+    for m in models.values():
+        m.batch_invariant = no_invariant is None
     predicted = {}
     for p, m in models.items():
         res, times[f"predict_{p}"] = timed(vela2.predict, m, rows, precision=p, max_batch_tokens=max_batch_tokens)
@@ -390,14 +446,14 @@ def run_parity(checkpoint: str, rows: list[dict], *, redis_url: str | None = Non
         for p in PRECISIONS:
             worker_out[p], times[f"worker_{p}"] = _worker_arm(
                 checkpoint, rows, redis_url=url, device=device, precision=p, workdir=Path(tmp),
-                max_batch_tokens=max_batch_tokens, tag=f"{p}-{nonce}")
+                max_batch_tokens=max_batch_tokens, tag=f"{p}-{nonce}", batch_invariant=no_invariant is None)
     comparisons: list[Comparison] = []
     for p in PRECISIONS:
         comparisons += compare(f"worker_{p}_vs_predict_{p}", worker_out[p], predicted[p], True)
     for p in PRECISIONS:
         if p != "bf16":
             comparisons += compare(f"predict_{p}_vs_predict_bf16", predicted[p], predicted["bf16"], False)
-    fp32 = models["fp32"]
+    comparisons_floor, times["noise_floor"] = timed(noise_floor, models, rows, max_batch_tokens)
     bundles = {}
     for p in ("fp32", "fp8"):
         m = models[p]
@@ -410,8 +466,9 @@ def run_parity(checkpoint: str, rows: list[dict], *, redis_url: str | None = Non
             rendering["mismatches"] += rendering_section(predicted[p], worker_out[p])["mismatches"]
     report = {
         "checkpoint": str(checkpoint), "model": fp32.name, "digest": fp32.digest, "device": device, "rows": len(rows),
-        "row_counts": type_counts(rows), "rendering": rendering,
-        "comparisons": [c.to_dict() for c in comparisons],
+        "row_counts": type_counts(rows), "batch_invariant": no_invariant is None,
+        "batch_invariant_unavailable": no_invariant, "rendering": rendering,
+        "comparisons": [c.to_dict() for c in comparisons + comparisons_floor],
         "bundled_vs_single": vars(bundles["fp32"]), "bundle_precision": "fp32",
         "bundled_vs_single_fp8": vars(bundles["fp8"]), "systemone": systemone,
         "times_s": {k: round(v, 2) for k, v in times.items()},

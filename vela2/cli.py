@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from vela2.config import DEFAULT_MAX_BATCH_TOKENS, PRECISIONS, default_precision
+from vela2.config import DEFAULT_MAX_BATCH_TOKENS, PRECISIONS, default_precision, install_hint
 from vela2.errors import InvalidRequest, Vela2Error
 
 PLUGIN_GROUP = "vela2.commands"
@@ -80,15 +80,17 @@ def missing_extra(e: ImportError, command: str | None = None) -> str | None:
     if extra is None:
         return None
     extra = EXTRA_OF_COMMAND.get(command or "", extra)
-    # vela2 is not on PyPI: it is installed from a checkout or a wheel built by `make dist`
-    return (f"needs the {extra!r} extra, which is not installed (no module {module!r}): "
-            f"pip install -e '.[{extra}]' -c constraints.txt in a checkout, or 'dist/<wheel>[{extra}]'")
+    return f"needs the {extra!r} extra, which is not installed (no module {module!r}): {install_hint(extra)}"
 
 
-def _load(checkpoint: str, device: str, precision: str):
+def _load(checkpoint: str, device: str, precision: str, batch_invariant: bool = False):
     from vela2.model.checkpoint import load, serving_dtype
 
-    return load(checkpoint, device=device, dtype=serving_dtype(precision))
+    model = load(checkpoint, device=device, dtype=serving_dtype(precision))
+    if batch_invariant:  # every call on it then runs in that mode (vela2.model.invariant)
+        model.check_batch_invariant()
+        model.batch_invariant = True
+    return model
 
 
 def read_jsonl(path: str) -> list[tuple[Any, Vela2Error | None]]:
@@ -129,7 +131,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from vela2.scoring.systemone import predict_mixed
 
     precision = args.precision or default_precision(args.device)  # the worker's default: bf16 on CUDA, else fp32
-    model = _load(args.checkpoint, args.device, precision)
+    model = _load(args.checkpoint, args.device, precision, args.batch_invariant)
     lines = read_jsonl(args.input)
     # --units: rows and SystemOne requests both take a top-level `units`
     objs = [dict(obj, units=True) if args.units and isinstance(obj, dict) else obj for obj, err in lines if err is None]
@@ -150,7 +152,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from vela2.train.calibrate import calibrate_command
 
     return calibrate_command(args.checkpoint, args.dev, out=args.out, report_path=args.report,
-                             device=args.device, precision=args.precision or default_precision(args.device))
+                             device=args.device, precision=args.precision or default_precision(args.device),
+                             batch_invariant=args.batch_invariant)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -159,7 +162,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     return eval_command(args.checkpoint, args.rows, json_path=args.json, device=args.device,
                         precision=args.precision or default_precision(args.device),
-                        max_batch_tokens=args.max_batch_tokens)
+                        max_batch_tokens=args.max_batch_tokens, batch_invariant=args.batch_invariant)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -171,7 +174,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     options = TrainOptions(full=args.full, precision=args.precision or default_precision(args.device),
                            save_every=args.save_every, **{k: v for k, v in given.items() if v is not None})
     return train_command(args.checkpoint, args.train, args.out, dev_path=args.dev, options=options,
-                         device=args.device, resume=args.resume)
+                         device=args.device, resume=args.resume, batch_invariant=args.batch_invariant)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -236,6 +239,11 @@ def _add_precision(s: argparse.ArgumentParser, on_cuda: str = "bf16") -> None:
                    help=f"default as the worker's: {on_cuda} on CUDA, fp32 elsewhere")
 
 
+def _add_batch_invariant(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--batch-invariant", action="store_true",
+                   help="every answer the same bits whatever it is batched with (as the worker's --batch-invariant 1)")
+
+
 def _add_init_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("init-demo", help="write the deterministic demo checkpoint")
     s.add_argument("dir")
@@ -251,6 +259,7 @@ def _add_predict(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     s.add_argument("--device", default="cpu")
     s.add_argument("--units", action="store_true", help="span answers carry every word's units")
     s.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS)
+    _add_batch_invariant(s)
     s.set_defaults(func=cmd_predict)
 
 
@@ -262,6 +271,7 @@ def _add_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     s.add_argument("--report", help="write the before/after report as JSON")
     s.add_argument("--device", default="cpu")
     _add_precision(s)
+    _add_batch_invariant(s)
     s.set_defaults(func=cmd_calibrate)
 
 
@@ -273,6 +283,7 @@ def _add_eval(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--device", default="cpu")
     _add_precision(s)
     s.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS)
+    _add_batch_invariant(s)
     s.set_defaults(func=cmd_eval)
 
 
@@ -299,6 +310,7 @@ def _add_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--resume", action="store_true", help="continue from OUT/train-state.pt")
     s.add_argument("--span-pos-weight", type=float, default=None,
                    help="weight of positive word x label units in the span loss (default 5)")
+    _add_batch_invariant(s)
     s.set_defaults(func=cmd_train, full=False)
 
 

@@ -114,6 +114,10 @@ class WorkerSettings:
         "vela2-MODEL-DEVICE-PID@%h, unique per model, device and process on a host")
     attn: str = setting("sdpa", "attention backend: sdpa (dense tree mask) or flex (block-sparse, compiled)",
                         choices=ATTN_BACKENDS)
+    batch_invariant: int = setting(
+        0, "1: batch-invariant mode: every answer the same bits whatever it is batched with (token-wise work in "
+        "fixed chunks, attention per sequence; Llama-style backbones only); costs throughput (docs: Reproducible "
+        "answers)")
     compile_cache_dir: str | None = setting(
         None, "directory for torch.compile's inductor and Triton caches: mount a volume that survives restarts "
         "and a restarted worker reuses its compiled kernels; default torch's own (under /tmp, lost with the "

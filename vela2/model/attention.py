@@ -161,21 +161,23 @@ def padded_length(length: int, multiple: int = BLOCK_SIZE) -> int:
     return -(-length // multiple) * multiple
 
 
-@functools.cache
-def compiled_flex_attention() -> Callable:
-    """flex_attention compiled once per process (inductor generates the fused kernel; uncompiled,
-    flex_attention materialises the full score matrix). Kernels are built lazily, per shape."""
+def raise_recompile_limit() -> None:
+    """Dynamo's per-function recompile limit raised to RECOMPILE_LIMIT (past it dynamo silently runs
+    the function uncompiled): flex attention compiles per shape, the fused decoder's halves once per
+    shape mode (dynamic for the default path, static per chunk for batch-invariant mode)."""
     import torch._dynamo.config as dynamo_config
 
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     if getattr(dynamo_config, name) < RECOMPILE_LIMIT:
-        log.info(
-            "raising torch._dynamo.config.%s from %d to %d for flex attention shapes",
-            name,
-            getattr(dynamo_config, name),
-            RECOMPILE_LIMIT,
-        )
+        log.info("raising torch._dynamo.config.%s from %d to %d", name, getattr(dynamo_config, name), RECOMPILE_LIMIT)
         setattr(dynamo_config, name, RECOMPILE_LIMIT)
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable:
+    """flex_attention compiled once per process (inductor generates the fused kernel; uncompiled,
+    flex_attention materialises the full score matrix). Kernels are built lazily, per shape."""
+    raise_recompile_limit()
     return torch.compile(flex_attention, dynamic=COMPILE_DYNAMIC)
 
 

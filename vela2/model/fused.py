@@ -40,6 +40,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from vela2.model import invariant
+
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -140,6 +142,16 @@ def attn_out_mlp(h: torch.Tensor, attn: torch.Tensor, o: Weight, ln: torch.Tenso
     x = rms_norm(h, ln, eps)
     gate, up = linear(x, gate_up, None, dtype).chunk(2, dim=-1)  # (T, I) each
     return h + linear(F.silu(gate) * up, down, None, dtype)
+
+
+@functools.cache
+def _compiled_static(fn: Callable) -> Callable:
+    """`fn` compiled once per process for static shapes: batch-invariant mode calls it on chunks of one
+    shape only, so each kernel inductor generates is the one every chunk runs."""
+    from vela2.model.attention import raise_recompile_limit
+
+    raise_recompile_limit()  # the default path's dynamic graph of the same function counts too
+    return torch.compile(fn, dynamic=False)
 
 
 @functools.cache
@@ -323,6 +335,32 @@ class FusedDecoder:
             h = second(h, a, o, layer.ln2.weight, self.eps, gate_up, down, dtype)
         return backbone.norm(h.view(B, L, -1))
 
+    def invariant_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, parts: torch.Tensor,
+                          layout: invariant.AttentionLayout, precision: str) -> torch.Tensor:
+        """`forward` in batch-invariant mode (vela2.model.invariant): input_ids / position_ids / parts
+        (T,) one stream of sequences, T a multiple of the device's chunk (`invariant.chunk_tokens`).
+        Token-wise work runs on chunks of exactly that many tokens (compiled for that one static shape
+        on CUDA), attention per sequence (`invariant.attention`). Returns final-norm hidden states (T, H)."""
+        backbone: Any = self.backbone
+        dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+        first, second, norm = attn_in, attn_out_mlp, backbone.norm
+        if input_ids.is_cuda and COMPILE:
+            first, second, norm = _compiled_static(attn_in), _compiled_static(attn_out_mlp), _compiled_static(norm)
+        pieces = list(invariant.chunks(input_ids.shape[0], invariant.chunk_tokens(input_ids.device)))
+        h = backbone.embed_tokens(input_ids)  # (T, H): a lookup, the same bits in any batch
+        rotary = [backbone.rotary_emb(h[None, s], position_ids[None, s]) for s in pieces]  # cos / sin per chunk
+        cos, sin = (torch.cat([r[i][0] for r in rotary]) for i in (0, 1))  # (T, Dh) each
+        heads = (self.n_q, self.n_kv, self.head_dim)
+        masks = invariant.group_masks(parts, layout, dtype)  # every layer's, built once
+        for layer in self.layers:
+            qkv, o, gate_up, down = layer.weights(precision)
+            qkv_chunks = [first(h[s], layer.ln1.weight, self.eps, qkv, layer.qkv_bias, cos[s], sin[s], heads,
+                                self.n_q // self.n_kv, dtype) for s in pieces]
+            q, k, v = (torch.cat([c[i] for c in qkv_chunks]) for i in range(3))  # (T, Hq, Dh) each
+            a = invariant.attention(q, k, v, masks, layout, self.head_dim**-0.5)  # (T, Hq Dh)
+            h = torch.cat([second(h[s], a[s], o, layer.ln2.weight, self.eps, gate_up, down, dtype) for s in pieces])
+        return torch.cat([norm(h[s]) for s in pieces])
+
     def _replay(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
                 key: tuple[int, int, str, bool]) -> torch.Tensor:
         """`forward` through the CUDA graph of `key`'s padded shape (B, length), captured on first use."""
@@ -381,7 +419,8 @@ def capture_traffic_graphs(model: Any, precision: str, row_tokens: int | None) -
     in the first minute after ready). Returns how many were captured (0 off CUDA, under flex, or on
     a backbone FusedDecoder does not handle)."""
     engine = decoder(model, precision)
-    if engine is None or model.device.type != "cuda" or model.attn != "sdpa" or not GRAPH_MAX_TOKENS:
+    if (engine is None or model.device.type != "cuda" or model.attn != "sdpa" or not GRAPH_MAX_TOKENS
+            or model.batch_invariant):  # that mode replays no graph
         return 0
     new = 0
     with torch.inference_mode():  # as run_batch serves: the graphs are keyed by it
@@ -422,11 +461,11 @@ def pad_dense(input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.T
     return ids, pos, dense
 
 
-def decoder(model: Any, precision: str) -> FusedDecoder | None:
+def decoder(model: Any, precision: str, batch_invariant: bool = False) -> FusedDecoder | None:
     """The model's FusedDecoder, built on first use and rebuilt when its weights were replaced since
     (a `.to()` or a reload); None when the backbone is not one `FusedDecoder` handles, or off CUDA at
-    a precision not in CPU_PRECISIONS."""
-    if not ENABLED or (model.device.type != "cuda" and precision not in CPU_PRECISIONS):
+    a precision not in CPU_PRECISIONS unless `batch_invariant` (that mode runs on it everywhere)."""
+    if not ENABLED or (model.device.type != "cuda" and precision not in CPU_PRECISIONS and not batch_invariant):
         return None
     fused = getattr(model, "_fused", None)
     if fused is not None and fused.backbone is model.backbone and fused.current():

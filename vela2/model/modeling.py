@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModel
 
 from vela2.config import PRECISIONS, Vela2Config
 from vela2.errors import CheckpointError, PrecisionError
-from vela2.model import attention, fused
+from vela2.model import attention, fused, invariant
 from vela2.model.calibration import Calibration
 
 if TYPE_CHECKING:
@@ -72,6 +72,9 @@ class Vela2Model(nn.Module):
         self.calibration = calibration
         self.backbone = backbone
         self.digest: str | None = None  # the checkpoint's (vela2.model.checkpoint.digest); None: built in memory
+        # batch-invariant mode (vela2.model.invariant): the default of every scoring call on this model
+        # (the worker's --batch-invariant sets it; predict(batch_invariant=...) overrides it per call)
+        self.batch_invariant = False
         hidden = config.hidden_size
         self.option_head = OptionHead(hidden, config.heads.option_hidden)
         self.span_head = SpanHead(hidden, config.heads.span_dim)
@@ -145,14 +148,26 @@ class Vela2Model(nn.Module):
         if precision == "fp8" and (reason := fused.supported(self.backbone)) is not None:
             raise PrecisionError(f"precision fp8 runs on the fused decoder only, which does not handle {reason}")
 
+    def check_batch_invariant(self) -> None:
+        """PrecisionError unless batch-invariant mode can run this backbone (on the fused decoder only)."""
+        if (reason := fused.supported(self.backbone)) is not None:
+            raise PrecisionError(f"batch-invariant mode runs on the fused decoder only, which does not handle {reason}")
+
     def encode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, parts: torch.Tensor,
-               segments: torch.Tensor, precision: str) -> torch.Tensor:
+               segments: torch.Tensor, precision: str, layout: invariant.AttentionLayout | None = None) -> torch.Tensor:
         """Backbone over a padded batch with the tree mask; returns fp32 states (B, L, H).
+
+        `layout` (batch-invariant mode, vela2.model.invariant): the batch is one stream (1, T) laid
+        out by `pipeline.collate(..., batch_invariant=True)`, run by `FusedDecoder.invariant_forward`.
 
         Llama-style backbones on CUDA run `vela2.model.fused.FusedDecoder` (fused projections, compiled
         layer halves; precision fp8 needs it, on a CPU too), everything else transformers' own
         forward under bf16 autocast."""
         self.check_precision(precision)
+        if layout is not None:  # batch-invariant mode: one stream (1, T), attention per sequence
+            self.check_batch_invariant()
+            stream = cast(fused.FusedDecoder, fused.decoder(self, precision, batch_invariant=True))
+            return stream.invariant_forward(input_ids[0], position_ids[0], parts[0], layout, precision)[None].float()
         L = input_ids.shape[1]
         mask: torch.Tensor | BlockMask
         if self.attn == "flex":  # whole 128-token tiles, so compiled shapes repeat; sliced off below
@@ -171,16 +186,21 @@ class Vela2Model(nn.Module):
             )
         return out.last_hidden_state[:, :L].float()
 
-    def heads(self, hidden: torch.Tensor, idx: HeadInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def heads(self, hidden: torch.Tensor, idx: HeadInputs,
+              batch_invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Gather marker / word states and run the heads in fp32 (autocast off).
 
         Returns option logits (M,), projected word states (N, D) and projected label states (K, D);
         span logits of a block are word_proj[its words] @ label_proj[its labels].T * scale + bias.
+        `batch_invariant`: each head runs on chunks of a fixed number of rows (vela2.model.invariant).
         """
+        def run(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            return invariant.rows_chunked(head, x) if batch_invariant else head(x)
+
         with torch.autocast(self.device.type, enabled=False):
-            opt = self.option_head(hidden[idx.option_index[:, 0], idx.option_index[:, 1]])
-            words = self.span_head.word(hidden[idx.word_index[:, 0], idx.word_index[:, 1]])
-            labels = self.span_head.label(hidden[idx.label_index[:, 0], idx.label_index[:, 1]])
+            opt = run(self.option_head, hidden[idx.option_index[:, 0], idx.option_index[:, 1]])
+            words = run(self.span_head.word, hidden[idx.word_index[:, 0], idx.word_index[:, 1]])
+            labels = run(self.span_head.label, hidden[idx.label_index[:, 0], idx.label_index[:, 1]])
         return opt, words, labels
 
 

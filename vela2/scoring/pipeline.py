@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from vela2.api.schemas import Answer, ModelInfo, Row, RowResult, Status, parse_row, split_task
 from vela2.errors import ModelError
-from vela2.model import staging
+from vela2.model import invariant, staging
 from vela2.model.calibration import choice_probs, expected_value, sigmoid
 from vela2.model.modeling import HeadInputs, Vela2Model
 from vela2.text.packing import balance_rows, plan_rows
@@ -70,27 +70,38 @@ class _Layout:
     labels: list[list[tuple[int, slice]]]  # per sequence: (question, slice into label projections)
 
 
-def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_tokens: int | None = None,
-            pad_to: int | None = None):
-    """Lay a list of sequences out in padded rows (several per row when `row_tokens` is set) and
-    build the head gather indices. `pad_to`: rows are padded to at least this many tokens (one
-    fixed shape for compiled attention).
-
-    Returns input_ids, position_ids, parts (-1 on padding), segments (-1 on padding), all (R, L),
-    then HeadInputs and the layout of each sequence's outputs (in the order of `sequences`).
-    """
-    lengths = [s.num_tokens for s in sequences]
+def _places(lengths: list[int], row_tokens: int | None, pad_to: int | None, batch_invariant: bool,
+            device: torch.device) -> tuple[dict[int, tuple[int, int]], int, int]:
+    """(row, offset) of each sequence, and the rows R and row length L of the batch: one sequence per row,
+    packed rows of `row_tokens`, or (batch-invariant) the one-row stream of `invariant.stream_layout`."""
+    if batch_invariant:
+        offsets, total = invariant.stream_layout(lengths, invariant.chunk_tokens(device))
+        return {i: (0, o) for i, o in enumerate(offsets)}, 1, total
     # packed rows: first-fit decides how many, then balanced (sdpa pads each row to the fullest)
-    rows = ([[i] for i in range(len(sequences))] if row_tokens is None
+    rows = ([[i] for i in range(len(lengths))] if row_tokens is None
             else balance_rows(plan_rows(lengths, row_tokens), lengths))
-    place = {}  # sequence index -> (row, offset)
+    place = {}
     for r, members in enumerate(rows):
         offset = 0
         for i in members:
             place[i] = (r, offset)
             offset += lengths[i]
-    R = len(rows)
-    L = max(pad_to or 0, *(sum(lengths[i] for i in members) for members in rows))
+    return place, len(rows), max(pad_to or 0, *(sum(lengths[i] for i in members) for members in rows))
+
+
+def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_tokens: int | None = None,
+            pad_to: int | None = None, batch_invariant: bool = False):
+    """Lay a list of sequences out in padded rows (several per row when `row_tokens` is set) and
+    build the head gather indices. `pad_to`: rows are padded to at least this many tokens (one
+    fixed shape for compiled attention). `batch_invariant`: one row, the stream of
+    `vela2.model.invariant.stream_layout` (row_tokens and pad_to do not apply).
+
+    Returns input_ids, position_ids, parts (-1 on padding), segments (-1 on padding), all (R, L),
+    then HeadInputs, the layout of each sequence's outputs (in the order of `sequences`) and, in
+    batch-invariant mode, the stream's `AttentionLayout` (else None).
+    """
+    lengths = [s.num_tokens for s in sequences]
+    place, R, L = _places(lengths, row_tokens, pad_to, batch_invariant, device)
     ids = np.full((R, L), pad_id, dtype=np.int64)
     pos = np.zeros((R, L), dtype=np.int64)
     parts = np.full((R, L), -1, dtype=np.int64)
@@ -123,21 +134,29 @@ def collate(sequences: list[Sequence], pad_id: int, device: torch.device, row_to
     def pairs(x: list[tuple[int, int]]) -> np.ndarray:
         return np.array(x, dtype=np.int64).reshape(-1, 2)
 
-    # one copy to the device for all seven (vela2.model.staging: pinned, so it never waits on the device)
-    ids_t, pos_t, parts_t, segs_t, opt_t, word_t, label_t = staging.to_device(
-        [ids, pos, parts, segs, pairs(opt_idx), pairs(word_idx), pairs(label_idx)], device)
-    return ids_t, pos_t, parts_t, segs_t, HeadInputs(opt_t, word_t, label_t), layout
+    arrays = [ids, pos, parts, segs, pairs(opt_idx), pairs(word_idx), pairs(label_idx)]
+    groups = None
+    if batch_invariant:
+        groups, gather, scatter = invariant.attention_layout([place[i][1] for i in range(len(lengths))], lengths, L)
+        arrays += [gather, scatter]
+    # one copy to the device for all of them (vela2.model.staging: pinned, so it never waits on the device)
+    ids_t, pos_t, parts_t, segs_t, opt_t, word_t, label_t, *streamed = staging.to_device(arrays, device)
+    attention = invariant.AttentionLayout(groups, *streamed) if groups is not None else None
+    return ids_t, pos_t, parts_t, segs_t, HeadInputs(opt_t, word_t, label_t), layout, attention
 
 
 def run_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
-              row_tokens: int | None = None, pad_to: int | None = None) -> list[SeqOutput]:
+              row_tokens: int | None = None, pad_to: int | None = None,
+              batch_invariant: bool | None = None) -> list[SeqOutput]:
     """One forward pass over any mix of sequences; returns raw fp32 head outputs per sequence.
 
     With `row_tokens`, short sequences share rows (block-diagonal mask) to cut padding.
     `pad_to`: pad rows to at least this many tokens; None = as long as the longest row, or under
     flex attention with `row_tokens`, row_tokens (compiled flex kernels then see one row length).
+    `batch_invariant` (None: the model's `batch_invariant`): each sequence's outputs the same bits
+    whatever else the batch holds (vela2.model.invariant; row_tokens and pad_to then do not apply).
     """
-    return launch_batch(model, sequences, precision, row_tokens, pad_to).outputs()
+    return launch_batch(model, sequences, precision, row_tokens, pad_to, batch_invariant).outputs()
 
 
 @dataclass
@@ -181,19 +200,21 @@ class Launched:
 
 @torch.inference_mode()
 def launch_batch(model: Vela2Model, sequences: list[Sequence], precision: str,
-                 row_tokens: int | None = None, pad_to: int | None = None) -> Launched:
+                 row_tokens: int | None = None, pad_to: int | None = None,
+                 batch_invariant: bool | None = None) -> Launched:
     """run_batch's first half: collate, queue the forward pass, the heads and ONE device -> host copy
     of every logit (option logits, then each span block) without waiting for the device. A caller
     may launch the next batch before collecting this one: its kernels queue behind (one stream), so
     the device never idles while the host collates."""
+    invariant_mode = model.batch_invariant if batch_invariant is None else batch_invariant
     if pad_to is None and row_tokens and model.attn == "flex":
         pad_to = row_tokens
-    ids, pos, parts, segs, idx, layout = collate(sequences, model.special_ids["pad"], model.device, row_tokens,
-                                                 pad_to)
-    hidden = model.encode(ids, pos, parts, segs, precision)  # (R, L, H) fp32
-    opt, words, labels = model.heads(hidden, idx)  # (M,), (N, D), (K, D)
+    ids, pos, parts, segs, idx, layout, streamed = collate(sequences, model.special_ids["pad"], model.device,
+                                                           row_tokens, pad_to, invariant_mode)
+    hidden = model.encode(ids, pos, parts, segs, precision, streamed)  # (R, L, H) fp32
+    opt, words, labels = model.heads(hidden, idx, invariant_mode)  # (M,), (N, D), (K, D)
     blocks = [(b, q, layout.words[b], sl) for b, seq_labels in enumerate(layout.labels) for q, sl in seq_labels]
-    span_flat = span_logits(words, labels, blocks, model.span_head)  # (sum of W x K,)
+    span_flat = span_logits(words, labels, blocks, model.span_head, invariant_mode)  # (sum of W x K,)
     flat_dev = torch.cat([opt.float().reshape(-1), span_flat])
     if not flat_dev.is_cuda:
         return Launched(len(sequences), layout, blocks, opt.numel(), flat_dev.numpy())
@@ -207,14 +228,14 @@ SPAN_CHUNK_ELEMENTS = 1 << 24  # largest word x label product one span matmul co
 
 
 def run_ahead(model: Vela2Model, batches: Iterable[list[Sequence]], precision: str,
-              row_tokens: int | None = None) -> Iterator[list[SeqOutput]]:
+              row_tokens: int | None = None, batch_invariant: bool | None = None) -> Iterator[list[SeqOutput]]:
     """run_batch over `batches`, yielding each batch's outputs in order, with one batch in flight:
     batch N+1 is collated and its kernels queued (`launch_batch`) before batch N's outputs are
     collected, so the host's work for the next batch hides behind the device's work on this one
     (the worker's device loop does the same)."""
     previous: Launched | None = None
     for sequences in batches:
-        launched = launch_batch(model, sequences, precision, row_tokens)
+        launched = launch_batch(model, sequences, precision, row_tokens, batch_invariant=batch_invariant)
         if previous is not None:
             yield previous.outputs()
         previous = launched
@@ -223,7 +244,7 @@ def run_ahead(model: Vela2Model, batches: Iterable[list[Sequence]], precision: s
 
 
 def span_logits(words: torch.Tensor, labels: torch.Tensor, blocks: list[tuple[int, int, slice, slice]],
-                head: Any) -> torch.Tensor:
+                head: Any, batch_invariant: bool = False) -> torch.Tensor:
     """Span logits of every block, flat: block after block, each (W_block, K_block) row-major.
 
     words: (N, D) projected word states, labels: (K, D) projected label states; a block's logits are
@@ -232,9 +253,13 @@ def span_logits(words: torch.Tensor, labels: torch.Tensor, blocks: list[tuple[in
     label range, the blocks' own entries gathered from it: a handful of kernel launches per batch
     instead of several per block (the device thread launches them holding the GIL, and the worker's
     other threads contend for it). A run stops before its product passes SPAN_CHUNK_ELEMENTS.
+    `batch_invariant`: each block's own product instead (its shape is its own, whatever the batch).
     """
     if not blocks:
         return words.new_zeros((0,), dtype=torch.float32)
+    if batch_invariant:
+        flat = torch.cat([(words[ws] @ labels[ls].T).reshape(-1) for _, _, ws, ls in blocks])
+        return (flat * head.scale + head.bias).float()
     runs: list[tuple[int, int, int, list[tuple[slice, slice]]]] = []  # (first word, word end, first label, blocks)
     for _, _, ws, ls in blocks:
         if runs:

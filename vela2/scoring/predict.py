@@ -22,6 +22,7 @@ def predict(
     precision: str | None = None,
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
     row_tokens: int | None = None,
+    batch_invariant: bool | None = None,
 ) -> list[RowResult]:
     """Score rows (dicts or `Row`s); one RowResult per row, in order.
 
@@ -29,9 +30,14 @@ def predict(
     Sequences of all rows are packed together by length under `max_batch_tokens` (padded tokens);
     with `row_tokens`, several short sequences share a row of that many tokens (see vela2.text.packing.pack).
     `precision` None: the worker's default for the model's device (bf16 on CUDA, fp32 elsewhere).
+    `batch_invariant` (None: the model's own `batch_invariant`, off unless set): every answer the same
+    bits whatever else this call (or a worker's batch) holds (vela2.model.invariant).
     """
     precision = precision or default_precision(str(model.device))
     model.check_precision(precision)
+    invariant = model.batch_invariant if batch_invariant is None else batch_invariant
+    if invariant:
+        model.check_batch_invariant()
     rows = list(rows)
     results: list[RowResult | None] = [None] * len(rows)
     preps: dict[int, Prepared] = {}
@@ -48,7 +54,7 @@ def predict(
     # one batch in flight (run_ahead): a row's model_ms is the time from the previous batch's outputs
     # (or the start) to its own batch's outputs
     for batch, outs in zip(batches, run_ahead(model, ([flat[k][2] for k in b] for b in batches), precision,
-                                              row_tokens), strict=True):
+                                              row_tokens, invariant), strict=True):
         elapsed = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         for k, out in zip(batch, outs, strict=True):

@@ -445,8 +445,11 @@ def calibrate_command(
     report_path: str | None = None,
     device: str = "cpu",
     precision: str = "fp32",
+    batch_invariant: bool = False,
 ) -> int:
     """`vela2 calibrate`: fit, write calibration.json (backing up the old one), print the table.
+    `batch_invariant`: the dev rows scored in batch-invariant mode (vela2.model.invariant), as a worker
+    in that mode scores.
 
     Writes into the checkpoint unless `out` is given; the file replaced is first copied to
     `<name>.bak-<UTC timestamp>`. Returns 0, or 2 when the dev file has no usable rows.
@@ -459,6 +462,9 @@ def calibrate_command(
         print(f"vela2 calibrate: cannot read {dev_path}: {e}", file=sys.stderr)
         return 2
     model = vela2.load(checkpoint, device=device, dtype=torch.float32)
+    if batch_invariant:
+        model.check_batch_invariant()
+        model.batch_invariant = True
     cal, report = calibrate(model, rows, precision=precision, progress=None)
     report["skipped"] = bad_lines + report["skipped"]
     report["n_rows"] += len(bad_lines)

@@ -66,8 +66,10 @@ def format_eval(report: dict[str, Any]) -> str:
 
 
 def eval_command(checkpoint: str, rows_path: str, *, json_path: str | None = None, device: str = "cpu",
-                 precision: str = "fp32", max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> int:
-    """`vela2 eval`: print the table (and write the report as JSON); 2 when no row is usable."""
+                 precision: str = "fp32", max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+                 batch_invariant: bool = False) -> int:
+    """`vela2 eval`: print the table (and write the report as JSON); 2 when no row is usable.
+    `batch_invariant`: score in batch-invariant mode (vela2.model.invariant)."""
     from vela2.model.checkpoint import load, serving_dtype
 
     try:
@@ -76,6 +78,9 @@ def eval_command(checkpoint: str, rows_path: str, *, json_path: str | None = Non
         print(f"vela2 eval: cannot read {rows_path}: {e}", file=sys.stderr)
         return 2
     model = load(checkpoint, device=device, dtype=serving_dtype(precision))
+    if batch_invariant:
+        model.check_batch_invariant()
+        model.batch_invariant = True
     report = eval_report(model, rows, precision=precision, max_batch_tokens=max_batch_tokens, progress=None)
     report["skipped"] = bad_lines + report["skipped"]
     report["n_rows"] += len(bad_lines)

@@ -92,7 +92,7 @@ def forward(model: Vela2Model, sequences: list[Sequence], precision: str,
     kept). Returns option logits (M,), span logits flat (sum of W x K,), collate's layout and the
     span blocks (sequence, question, word slice, label slice), as `launch_batch` builds them.
     """
-    ids, pos, parts, segs, idx, layout = collate(sequences, model.special_ids["pad"], model.device)
+    ids, pos, parts, segs, idx, layout, _ = collate(sequences, model.special_ids["pad"], model.device)
     with torch.set_grad_enabled(backbone_grad):
         hidden = model.encode(ids, pos, parts, segs, precision)  # (R, L, H) fp32
     opt, words, labels = model.heads(hidden, idx)  # (M,), (N, D), (K, D)
@@ -317,11 +317,13 @@ def finish(model: Vela2Model, dev_rows: list[Any] | None, precision: str = "fp32
 
 
 def train_command(checkpoint: str, train_path: str, out: str, *, dev_path: str | None = None,
-                  options: TrainOptions, device: str = "cpu", resume: bool = False) -> int:
+                  options: TrainOptions, device: str = "cpu", resume: bool = False,
+                  batch_invariant: bool = False) -> int:
     """`vela2 train`: load, train, fit calibration on DEV, write a servable checkpoint to OUT.
 
     Skipped rows (bad JSON, invalid rows, bad gold) are listed on stderr. Returns 0, or 2 when
-    no row is usable.
+    no row is usable. `batch_invariant`: DEV is scored for the calibration in batch-invariant mode
+    (vela2.model.invariant), as a worker in that mode scores; the training steps are the same.
     """
     from vela2.model.checkpoint import load, save
     from vela2.train.calibrate import format_report
@@ -335,6 +337,9 @@ def train_command(checkpoint: str, train_path: str, out: str, *, dev_path: str |
         print(f"vela2 train: cannot read {e.filename or train_path}: {e.strerror or e}", file=sys.stderr)
         return 2
     model = load(checkpoint, device=device, dtype=torch.float32)  # trained in fp32 (bf16 = autocast)
+    if batch_invariant:
+        model.check_batch_invariant()
+        model.batch_invariant = True
     examples, skipped = labelled_examples(model, rows)
     for s in bad + skipped:
         where = f"line {s['line']}" if s.get("line") else s["id"]

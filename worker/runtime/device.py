@@ -70,6 +70,7 @@ class ModelSpec:
     attn: str = "sdpa"
     random_weights: bool = False
     digest: str | None = None  # the checkpoint's digest, computed once by the worker (None: load computes it)
+    batch_invariant: bool = False  # vela2.model.invariant: the model's default for every batch
 
 
 class LoadProgress:
@@ -102,6 +103,9 @@ def load_model(spec: ModelSpec, stage: Callable[[str], None] | None = None) -> A
     if spec.attn != "sdpa":
         model.set_attention(spec.attn)
     model.check_precision(spec.precision)
+    if spec.batch_invariant:
+        model.check_batch_invariant()
+        model.batch_invariant = True
     if model.name != spec.model_name:
         raise ConfigError(f"checkpoint model {model.name!r} does not match the queue model {spec.model_name!r}")
     return model

@@ -150,7 +150,8 @@ def load(settings: WorkerSettings, checkpoint_dir: str, digest: str,
     engine_settings = settings.engine_settings()
     row_tokens = engine_settings.row_tokens or None
     spec = ModelSpec(checkpoint_dir, settings.resolved_model_name(), settings.device, settings.resolved_dtype,
-                     settings.resolved_precision, settings.attn, bool(settings.random_weights), digest)
+                     settings.resolved_precision, settings.attn, bool(settings.random_weights), digest,
+                     bool(settings.batch_invariant))
     worst_batch = partial(measure_worst_batch_s, settings=engine_settings)
     device: Any = None
     if settings.resolved_device_process():

@@ -30,3 +30,23 @@ def test_compare_counts_decision_and_span_diffs():
                             "other_model_rejected": True},
               "times_s": {}, "ok": False, "verdict": "x: 1 decision diffs"}
     assert "1 span-set diffs" in format_report(report)
+
+
+def test_the_verdict_holds_invariant_arms_to_the_bit_and_never_fails_on_the_noise_floor():
+    from stack.parity import Comparison, verdict
+
+    def report(*comparisons: Comparison, invariant: bool = True) -> dict:
+        return {"batch_invariant": invariant, "rendering": {"mismatches": 0},
+                "systemone": {"ok": True, "other_model_rejected": True},
+                "comparisons": [c.to_dict() for c in comparisons]}
+
+    last_bit = Comparison("worker_bf16_vs_predict_bf16", "choice", True, n=3, max_abs_logit_diff=2e-7)
+    assert verdict(report(last_bit))[0] is False  # invariant arms: a last-bit difference is a failure
+    assert "max |logit diff| 2e-07" in verdict(report(last_bit))[1]
+    assert verdict(report(last_bit, invariant=False))[0] is True  # default mode: decisions only
+    flips = Comparison("noise_floor_bf16_batched_vs_alone", "choice", True, n=3, max_abs_logit_diff=0.1,
+                       decision_diffs=2, noise_floor=True)
+    ok, why = verdict(report(flips))
+    assert ok and why == "same-precision arms are the same bits; renders identical"
+    precisions = Comparison("predict_fp8_vs_predict_bf16", "choice", False, n=3, decision_diffs=1)
+    assert verdict(report(precisions))[0] is True  # what a precision changes is reported, not failed
