@@ -19,7 +19,7 @@ What this mode runs instead (`vela2.model.fused.FusedDecoder.invariant_forward`)
 - attention runs per sequence: each sequence's queries, keys and values are gathered into a row of
   their own, padded to a multiple of ATTENTION_TILE (`attention_layout`), and sequences of one padded
   length are one sdpa call on a pinned backend (every (sequence, head) of a call is computed apart
-  from the others, by the same code);
+  from the others, by the same code), with masks built once per batch (`group_masks`);
 - span logits: each question block's own product of its words by its labels.
 
 So a sequence's numbers depend on its own tokens only (its questions are part of it: bundled and
@@ -42,8 +42,8 @@ from vela2.model.attention import tree_mask
 
 # Rows of every token-wise kernel call, per device type. Fewer rows waste less on a batch's last chunk,
 # more rows run each GEMM nearer the device's peak: on a CPU (no compiling, the demo's small shapes) 256;
-# on an H100 with the 9B shape 1,024 lost 15% of the default mode's tokens/s, 512 19%
-# (bench/results/gpu-invariant.json).
+# on an H100 with the 9B shape 1,024 kept 0.86 of the default mode's tokens/s on the engine headline and
+# 0.88-0.89 on short rows, 2,048 0.88 and 0.85 (bench/results/gpu-invariant*.json).
 CHUNK_TOKENS = {"cpu": 256, "cuda": 1024}
 ATTENTION_TILE = 64  # a sequence's attention row is padded to a multiple of this
 

@@ -69,7 +69,7 @@ def test_flex_equals_sdpa_on_random_packed_rows(demo_model, flex_model):
     for trial in range(4):
         while True:  # random layouts of one or two rows: two compiled shapes (kernels take ~5 s each)
             batch = rng.sample(seqs, rng.randint(2, 7))
-            ids, pos, parts, segs, _, _ = collate(batch, demo_model.special_ids["pad"], demo_model.device, ROW, ROW)
+            ids, pos, parts, segs, *_ = collate(batch, demo_model.special_ids["pad"], demo_model.device, ROW, ROW)
             if ids.shape[0] == 1 + trial % 2:
                 break
         seen = tuple(ids.shape) in shapes

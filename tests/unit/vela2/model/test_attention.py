@@ -105,7 +105,7 @@ def test_block_mask_rejects_bad_shapes():
 def test_pad_batch_and_collate_pad_to(demo_model):
     seqs = [s for r in sample_rows()[:3] for s in prepare(demo_model, r).sequences]
     pad = demo_model.special_ids["pad"]
-    ids, pos, parts, segs, _, _ = collate(seqs, pad, demo_model.device, row_tokens=ROW, pad_to=340)
+    ids, pos, parts, segs, *_ = collate(seqs, pad, demo_model.device, row_tokens=ROW, pad_to=340)
     assert ids.shape == (1, 340)
     n = sum(s.num_tokens for s in seqs)
     assert n < 340  # pad_to pads past the sequences

@@ -195,7 +195,7 @@ BUNDLE = {
 
 
 def _encode(model, sequences, precision="fp32"):
-    ids, pos, parts, segs, _, _ = collate(sequences, model.special_ids["pad"], model.device)
+    ids, pos, parts, segs, *_ = collate(sequences, model.special_ids["pad"], model.device)
     with torch.inference_mode():
         return model.encode(ids, pos, parts, segs, precision)
 
