@@ -124,7 +124,7 @@ LONGEST_S = {
      "test_health_answers_from_the_first_second_and_names_the_stage[vela2 worker]"): 20,
     "integration/producer/http/test_contract.py::test_schemathesis_finds_no_failure_against_the_route_and_a_worker": 92,
     "integration/test_dist.py::test_the_worker_extra_runs_the_model_on_the_pinned_torch": 100,
-    "integration/stack/test_parity.py::test_parity_command_on_the_demo_checkpoint": 92,
+    "integration/stack/test_parity.py::test_parity_command_on_the_demo_checkpoint": 240,
     "integration/bench/test_reliability.py::test_queue_items_and_bad_id_scenarios_pass_at_a_tiny_scale": 70,
     "integration/vela2/model/test_attention.py::test_flex_equals_sdpa_on_random_packed_rows": 69,
     ("integration/worker/transport/test_sentinel.py::"

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.workload import make_workload
 from vela2.cli import main
 
 
+# Three workers, each precision's predict() in batch-invariant mode (on a CPU: the fused decoder's
+# uncompiled layers, fp8 slowest) and the noise floor's rows one at a time: ~4 minutes alone on 2 cores,
+# more beside the rest of the suite
+@pytest.mark.timeout(900)
 def test_parity_command_on_the_demo_checkpoint(demo_dir, redis_url, tmp_path, capsys):
     rows = make_workload(seed=3, copies=1)
     pick = [r for r in rows if len(r["questions"]) > 1][:4]
     pick += [r for r in rows if r["task"].startswith("span:pii_dev")][:2]
-    pick += [r for r in rows if r["task"].split(":")[0] in ("choice", "score") and len(r["questions"]) == 1][:4]
+    pick += [r for r in rows if r["task"].split(":")[0] in ("choice", "score") and len(r["questions"]) == 1][:2]
     rows_path = tmp_path / "rows.jsonl"
     rows_path.write_text("".join(json.dumps(r) + "\n" for r in pick))
     out = tmp_path / "parity.json"
