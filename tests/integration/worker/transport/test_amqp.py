@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 
 from producer.client import Client
@@ -54,7 +55,12 @@ def test_quorum_queues_ack_after_store_prefetch_bound_and_warm_shutdown(redis_ur
     # nothing in limbo: whatever is not answered is back, ready, in its queue
     assert rabbitmq_vhost.ready(ONLINE) + rabbitmq_vhost.ready(BACKFILL) == len(ids) - len(done)
     line = next(x for x in w1.log().splitlines() if "engine stopped" in x)
-    assert "returned 0 " not in line, line
+    # every message it acked was one it answered (ack after store); what it held undone went back (the
+    # ready count above). Whether it held any at the stop is timing: on a loaded machine it may finish its
+    # buffer within shutdown_timeout_s (CI once saw "returned 0"), so that count is not asserted.
+    answered_n, acked_n = (int(re.search(pat, line).group(1)) for pat in (r"answered (\d+) requests",
+                                                                          r"acked (\d+) messages"))
+    assert acked_n == answered_n and answered_n <= len(done), line
     assert max(held_per_batch(w1)) <= 4  # per-consumer prefetch: two queues, never more than max_buffered
 
     w2 = start_worker(redis_url, broker_url=amqp_url).wait_ready()
