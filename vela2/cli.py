@@ -88,8 +88,7 @@ def _load(checkpoint: str, device: str, precision: str, batch_invariant: bool = 
 
     model = load(checkpoint, device=device, dtype=serving_dtype(precision))
     if batch_invariant:  # every call on it then runs in that mode (vela2.model.invariant)
-        model.check_batch_invariant()
-        model.batch_invariant = True
+        model.use_batch_invariant()
     return model
 
 

@@ -153,6 +153,12 @@ class Vela2Model(nn.Module):
         if (reason := fused.supported(self.backbone)) is not None:
             raise PrecisionError(f"batch-invariant mode runs on the fused decoder only, which does not handle {reason}")
 
+    def use_batch_invariant(self) -> None:
+        """Make batch-invariant mode every call's default on this model (PrecisionError, as
+        `check_batch_invariant`, when the backbone has none)."""
+        self.check_batch_invariant()
+        self.batch_invariant = True
+
     def encode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, parts: torch.Tensor,
                segments: torch.Tensor, precision: str, layout: invariant.AttentionLayout | None = None) -> torch.Tensor:
         """Backbone over a padded batch with the tree mask; returns fp32 states (B, L, H).
@@ -165,8 +171,10 @@ class Vela2Model(nn.Module):
         forward under bf16 autocast."""
         self.check_precision(precision)
         if layout is not None:  # batch-invariant mode: one stream (1, T), attention per sequence
-            self.check_batch_invariant()
-            stream = cast(fused.FusedDecoder, fused.decoder(self, precision, batch_invariant=True))
+            stream = fused.decoder(self, precision, batch_invariant=True)
+            if stream is None:  # a backbone the fused decoder does not handle: the error names why
+                self.check_batch_invariant()
+            stream = cast(fused.FusedDecoder, stream)
             return stream.invariant_forward(input_ids[0], position_ids[0], parts[0], layout, precision)[None].float()
         L = input_ids.shape[1]
         mask: torch.Tensor | BlockMask

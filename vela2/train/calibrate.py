@@ -463,8 +463,7 @@ def calibrate_command(
         return 2
     model = vela2.load(checkpoint, device=device, dtype=torch.float32)
     if batch_invariant:
-        model.check_batch_invariant()
-        model.batch_invariant = True
+        model.use_batch_invariant()
     cal, report = calibrate(model, rows, precision=precision, progress=None)
     report["skipped"] = bad_lines + report["skipped"]
     report["n_rows"] += len(bad_lines)

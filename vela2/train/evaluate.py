@@ -79,8 +79,7 @@ def eval_command(checkpoint: str, rows_path: str, *, json_path: str | None = Non
         return 2
     model = load(checkpoint, device=device, dtype=serving_dtype(precision))
     if batch_invariant:
-        model.check_batch_invariant()
-        model.batch_invariant = True
+        model.use_batch_invariant()
     report = eval_report(model, rows, precision=precision, max_batch_tokens=max_batch_tokens, progress=None)
     report["skipped"] = bad_lines + report["skipped"]
     report["n_rows"] += len(bad_lines)

@@ -338,8 +338,7 @@ def train_command(checkpoint: str, train_path: str, out: str, *, dev_path: str |
         return 2
     model = load(checkpoint, device=device, dtype=torch.float32)  # trained in fp32 (bf16 = autocast)
     if batch_invariant:
-        model.check_batch_invariant()
-        model.batch_invariant = True
+        model.use_batch_invariant()
     examples, skipped = labelled_examples(model, rows)
     for s in bad + skipped:
         where = f"line {s['line']}" if s.get("line") else s["id"]

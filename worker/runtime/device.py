@@ -104,8 +104,7 @@ def load_model(spec: ModelSpec, stage: Callable[[str], None] | None = None) -> A
         model.set_attention(spec.attn)
     model.check_precision(spec.precision)
     if spec.batch_invariant:
-        model.check_batch_invariant()
-        model.batch_invariant = True
+        model.use_batch_invariant()
     if model.name != spec.model_name:
         raise ConfigError(f"checkpoint model {model.name!r} does not match the queue model {spec.model_name!r}")
     return model
