@@ -311,17 +311,19 @@ def test_the_deadline_header_is_an_iso_time():
 
 
 def test_a_live_worker_keeps_what_it_holds_past_the_visibility_timeout(redis_url, start_worker):
-    # one row per 0.5 s batch and 30 held: the last waits ~15 s, past a 6 s visibility timeout and the
-    # restore sweep kombu runs every 10 s, which without renewals would hand the held ones out again
-    worker = start_worker(redis_url, faults=Faults(delay_s=0.5), visibility_timeout_s=6, max_buffered=32,
+    # one row per 0.5 s batch and 44 held: the last waits ~22 s, past a 12 s visibility timeout and the
+    # restore sweep kombu runs every 10 s, which without renewals would hand the held ones out again.
+    # 12 s, not less: the worker refuses a timeout under 4 x its warm-up batch, which a loaded CI
+    # machine has measured at 1.5 s
+    worker = start_worker(redis_url, faults=Faults(delay_s=0.5), visibility_timeout_s=12, max_buffered=48,
                           max_batch_tokens=64, max_wait_ms=0).wait_ready()
     client = Client(redis_url, model=MODEL)
     base = {"task": "choice:boolq", "text": "Held for a long time.", "questions": [{"options": ["yes", "no"]}]}
-    ids = client.submit_many([{**base, "id": f"held-{i}"} for i in range(30)])
+    ids = client.submit_many([{**base, "id": f"held-{i}"} for i in range(44)])
     got = client.results_many(ids, timeout_s=120)
     assert all(v is not None and v.status == Status.ok for v in got.values())
     _wait_drained(client.redis)
     assert worker.terminate() == 0
     stats = worker.engine_stats()
-    assert stats is not None and stats["answered"] == 30 and stats["duplicates"] == 0  # nothing came back twice
+    assert stats is not None and stats["answered"] == 44 and stats["duplicates"] == 0  # nothing came back twice
     client.close()
