@@ -393,6 +393,10 @@ def _worker_arm(checkpoint: str, rows: list[dict], *, redis_url: str, device: st
         if res is None:
             raise RuntimeError(f"the worker left {rid} unanswered (log: {log_path})")
         d = res.to_json_dict()
+        mode = (d.get("served_by") or {}).get("batch_invariant")
+        if mode is not None and mode != batch_invariant:  # a comparison of the wrong mode proves nothing
+            raise RuntimeError(f"the worker answered {rid} with served_by.batch_invariant={mode}; it was started "
+                               f"with --batch-invariant {int(batch_invariant)} (log: {log_path})")
         d["id"] = r["id"]
         out.append(d)
     return out, elapsed

@@ -329,11 +329,14 @@ class Answer(BaseModel):
 
 class ModelInfo(BaseModel):
     """Which model answered: the served model's name, its checkpoint digest (weights, calibration,
-    tokenizer, config: vela2.model.checkpoint.digest; None for a model built in memory) and the precision."""
+    tokenizer, config: vela2.model.checkpoint.digest; None for a model built in memory), the precision,
+    and whether it ran in batch-invariant mode (vela2.model.invariant: the answer's bits do not depend
+    on what else was batched with it)."""
 
     name: str
     digest: str | None = None
     precision: str
+    batch_invariant: bool = False
 
 
 class RowResult(BaseModel):

@@ -346,11 +346,12 @@ def _option_answer(model: Vela2Model, prep: Prepared, q: int, task: str, logits:
 
 
 def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings: dict[str, float],
-           precision: str) -> RowResult:
+           precision: str, batch_invariant: bool | None = None) -> RowResult:
     """Pool windows, calibrate and decode: the RowResult of one prepared row.
 
-    outputs: one SeqOutput per sequence of `prep`, in window order, run at `precision` (the result's
-    `served_by` names it beside the model's name and digest). `timings` gets decode_ms.
+    outputs: one SeqOutput per sequence of `prep`, in window order, run at `precision` and, when
+    `batch_invariant` (None: the model's own `batch_invariant`), in batch-invariant mode (the result's
+    `served_by` names both beside the model's name and digest). `timings` gets decode_ms.
     Raises ModelError when an output or a number of the answer is not finite.
     """
     if len(outputs) != len(prep.sequences):
@@ -375,6 +376,8 @@ def finish(model: Vela2Model, prep: Prepared, outputs: list[SeqOutput], timings:
     return RowResult(id=row.id, task=row.task, status=Status.ok, answers=answers,
                      timings={k: round(v, 3) for k, v in timings.items()},
                      render=render_digest(prep.rendered) if row.logits else None,
-                     served_by=ModelInfo(name=model.name, digest=model.digest, precision=precision))
+                     served_by=ModelInfo(name=model.name, digest=model.digest, precision=precision,
+                                         batch_invariant=model.batch_invariant if batch_invariant is None
+                                         else batch_invariant))
 
 

@@ -66,7 +66,8 @@ def predict(
     for i, prep in preps.items():
         seq_outputs = cast("list[SeqOutput]", outputs[i])
         try:
-            results[i] = finish(model, prep, seq_outputs, {"queue_ms": 0.0, "model_ms": model_ms[i]}, precision)
+            results[i] = finish(model, prep, seq_outputs, {"queue_ms": 0.0, "model_ms": model_ms[i]}, precision,
+                                invariant)
         except Vela2Error as e:  # e.g. non-finite logits: a model_error result for this row only
             results[i] = error_result(prep.row.id, prep.row.task, e)
     return cast("list[RowResult]", results)

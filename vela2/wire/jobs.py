@@ -367,10 +367,11 @@ SERVED_PREFIX = "served:"  # job hash fields counting the ok answers of each mod
 
 def served_label(served_by: Any) -> str:
     """The identity a job counts an answer under: "<name> <digest, 12 digits> <precision>" of a
-    result's `served_by`, or "" when it has none."""
+    result's `served_by` (" batch-invariant" after it for an answer of that mode), or "" when it has none."""
     if not isinstance(served_by, dict) or not served_by.get("name"):
         return ""
-    return f"{served_by['name']} {str(served_by.get('digest') or '-')[:12]} {served_by.get('precision', '?')}"
+    mode = " batch-invariant" if served_by.get("batch_invariant") else ""
+    return f"{served_by['name']} {str(served_by.get('digest') or '-')[:12]} {served_by.get('precision', '?')}{mode}"
 
 
 def served_counts(fields: dict[Any, Any]) -> dict[str, int]:

@@ -46,7 +46,7 @@ class Rendered:
 class ModelFiles:
     """What prepare / finish / the SystemOne steps read from a model: no weights."""
 
-    def __init__(self, checkpoint: str, name: str, digest: str | None = None):
+    def __init__(self, checkpoint: str, name: str, digest: str | None = None, batch_invariant: bool = False):
         from tokenizers import Tokenizer
 
         from vela2.config import Vela2Config
@@ -58,6 +58,7 @@ class ModelFiles:
         self.calibration = Calibration.read(path)
         self.name = name  # the served model's name (SystemOne requests must name it)
         self.digest = digest  # the checkpoint's digest (vela2.model.checkpoint.digest), named in every answer
+        self.batch_invariant = batch_invariant  # the device's mode (the worker's --batch-invariant), named too
 
 
 def portable(e: BaseException) -> BaseException:
@@ -69,14 +70,15 @@ def portable(e: BaseException) -> BaseException:
         return ModelError(f"{type(e).__name__}: {e}")
 
 
-def _serve(conn: Any, checkpoint: str, model_name: str, digest: str | None, precision: str) -> None:
+def _serve(conn: Any, checkpoint: str, model_name: str, digest: str | None, precision: str,
+           batch_invariant: bool) -> None:
     """(child) Render and decode what arrives, until the pipe closes."""
     import vela2.scoring.pipeline as pipeline
     from vela2.api import systemone
     from vela2.wire.messages import request_digest
     from worker.runtime.warmup import freeze_startup_objects
 
-    lite = ModelFiles(checkpoint, model_name, digest)
+    lite = ModelFiles(checkpoint, model_name, digest, batch_invariant)
     freeze_startup_objects()  # the rows it holds rendered set off full collections too
     held: dict[int, tuple[Any, Any]] = {}
     while True:
@@ -129,9 +131,11 @@ class CpuProcesses:
     from reader threads) gets a done Future per render — (Rendered, None) — and per decode —
     (RowResult.to_json_dict(), SystemOne answer or None) —, with the CPU seconds the process spent on it."""
 
-    def __init__(self, checkpoint: str, model_name: str, n: int, digest: str | None, precision: str):
+    def __init__(self, checkpoint: str, model_name: str, n: int, digest: str | None, precision: str,
+                 batch_invariant: bool = False):
         self.checkpoint, self.model_name, self.n = str(checkpoint), model_name, n
-        self.digest, self.precision = digest, precision  # what every decoded answer's served_by names
+        # what every decoded answer's served_by names
+        self.digest, self.precision, self.batch_invariant = digest, precision, batch_invariant
         self.on_done: Callable[[str, int, Future, float], None] = lambda *a: None
         self._ctx = mp.get_context("spawn")
         self._slots: list[_Slot] = []
@@ -147,7 +151,8 @@ class CpuProcesses:
     def _spawn(self, i: int) -> _Slot:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=_serve, name=f"vela2-cpu-{i}", daemon=True,
-                                 args=(child, self.checkpoint, self.model_name, self.digest, self.precision))
+                                 args=(child, self.checkpoint, self.model_name, self.digest, self.precision,
+                                       self.batch_invariant))
         proc.start()
         child.close()
         slot = _Slot(i, proc, parent)

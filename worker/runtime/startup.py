@@ -164,12 +164,13 @@ def load(settings: WorkerSettings, checkpoint_dir: str, digest: str,
     cpu = None
     if settings.resolved_cpu_processes():
         cpu = CpuProcesses(checkpoint_dir, settings.resolved_model_name(), settings.resolved_cpu_processes(),
-                           digest, settings.resolved_precision)
+                           digest, settings.resolved_precision, spec.batch_invariant)
         cpu.start()
     pipeline = pipeline_wrapper(vela2.scoring.pipeline) if pipeline_wrapper else vela2.scoring.pipeline
     if device is not None:
         device.wait_ready(stage)
-        return Loaded(ModelFiles(spec.checkpoint, spec.model_name, digest), device, pipeline, device.worst_s, cpu)
+        return Loaded(ModelFiles(spec.checkpoint, spec.model_name, digest, spec.batch_invariant), device, pipeline,
+                      device.worst_s, cpu)
     model = load_model(spec, stage)
     device = ThreadDevice(pipeline, model, settings.resolved_precision, row_tokens)
     stage(WARMING_UP)

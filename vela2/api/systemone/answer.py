@@ -38,7 +38,7 @@ class SystemOneAnswer(BaseModel):
     tasks: dict[str, TaskAnswer] | None = None  # task name -> answer, in request order
     timings: dict[str, float] | None = None  # queue_ms / render_ms / model_ms / decode_ms of the row
     error: ErrorInfo | None = None
-    served_by: ModelInfo | None = None  # the model that answered (name, checkpoint digest, precision)
+    served_by: ModelInfo | None = None  # the model that answered (name, checkpoint digest, precision, mode)
 
 
 def to_answer(request: SystemOneRequest, row_result: RowResult) -> dict[str, Any]:

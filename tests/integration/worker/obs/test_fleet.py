@@ -36,7 +36,8 @@ def test_a_worker_describes_itself_and_vela2_status_shows_it(redis_url, start_wo
     results = client.results_many(ids, timeout_s=60)
     assert all(r.status == "ok" for r in results.values())
     served = {json.dumps(r.served_by.model_dump(), sort_keys=True) for r in results.values()}
-    assert served == {json.dumps({"digest": digest, "name": MODEL, "precision": "fp32"}, sort_keys=True)}
+    assert served == {json.dumps({"digest": digest, "name": MODEL, "precision": "fp32", "batch_invariant": False},
+                                 sort_keys=True)}
 
     r = redis.Redis.from_url(redis_url)
     live = _poll(lambda: [x for x in fleet.live_workers(r, MODEL) if x.get("answered", {}).get("ok") == 5],

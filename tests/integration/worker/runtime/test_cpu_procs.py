@@ -98,3 +98,27 @@ def test_dropped_rows_leave_the_process(procs):
     assert 1 not in p._slot_of
 
 
+
+
+def test_a_batch_invariant_workers_processes_say_so_in_every_answer(demo_dir, demo_model):
+    from vela2.scoring.pipeline import finish, prepare
+
+    p = CpuProcesses(str(demo_dir), demo_model.name, 1, demo_model.digest, "fp32", batch_invariant=True)
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    p.on_done = lambda op, key, fut, cpu_s: done.put((op, key, fut, cpu_s))
+    p.start()
+    try:
+        row = short_rows(1, "inv-")[0]
+        p.render(1, row)
+        p.flush()
+        prep = _collect(done, 1)[1][1].result()[0]
+        outputs = run_batch(demo_model, prep.sequences, "fp32", batch_invariant=True)
+        p.decode(1, outputs, {"model_ms": 1.0})
+        p.flush()
+        res, _ = _collect(done, 1)[1][1].result()
+    finally:
+        p.close()
+    assert res["served_by"]["batch_invariant"] is True
+    here = finish(demo_model, prepare(demo_model, row), outputs, {"model_ms": 1.0}, "fp32", batch_invariant=True)
+    res.pop("timings")
+    assert res == {k: v for k, v in here.to_json_dict().items() if k != "timings"}

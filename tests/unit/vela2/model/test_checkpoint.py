@@ -232,7 +232,7 @@ def test_predict_names_the_model_its_digest_and_the_precision_in_every_answer(de
     for precision in ("fp32", "bf16"):
         (res,) = vela2.predict(demo_model, [row], precision=precision)
         assert res.to_json_dict()["served_by"] == {"name": demo_model.name, "digest": checkpoint.digest(demo_dir),
-                                                   "precision": precision}
+                                                   "precision": precision, "batch_invariant": False}
 
 
 @pytest.mark.parametrize(("edit", "message"), [

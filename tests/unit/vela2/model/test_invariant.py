@@ -116,12 +116,17 @@ def test_the_default_mode_is_not_invariant_which_is_why_this_mode_exists(demo_mo
 
 def test_the_models_own_setting_is_every_calls_default(demo_model):
     batch = rows(4, seed=9)
-    explicit = answers(vela2.predict(demo_model, batch, precision="fp32", batch_invariant=True))
+    explicit = vela2.predict(demo_model, batch, precision="fp32", batch_invariant=True)
     demo_model.batch_invariant = True
     try:
-        assert answers(vela2.predict(demo_model, batch, precision="fp32")) == explicit
+        assert answers(vela2.predict(demo_model, batch, precision="fp32")) == answers(explicit)
+        # an answer names the mode it was made in (served_by), and a per-call override wins
+        overridden = vela2.predict(demo_model, batch, precision="fp32", batch_invariant=False)
     finally:
         demo_model.batch_invariant = False
+    assert all(r.served_by.batch_invariant for r in explicit)
+    assert not any(r.served_by.batch_invariant for r in overridden)
+    assert not vela2.predict(demo_model, batch[:1], precision="fp32")[0].served_by.batch_invariant
 
 
 def test_a_backbone_the_fused_decoder_does_not_handle_is_refused_by_name():
