@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from stack.doc_blocks import ROOT, Block, marked
+
 PAIRS = {"systemone-answer": "systemone-request", "row-result": "row"}  # answer kind -> request kind
 DECIMALS = 2
 # a shown number may differ from the model's by its rounding (0.005) and a little more: a model
@@ -30,33 +30,20 @@ DECIMALS = 2
 TOLERANCE = 0.011
 WIDTH = 110  # characters of a line of a shown answer
 UNCOMPARED = {"timings", "digest"}  # vary from run to run / from build to build
-_MARKER = "<!-- example: {kind} -->"
-_FENCE = re.compile(r"^( *)(```|~~~)")
 
 
-def pages(root: Path = ROOT) -> list[Path]:
-    """README.md and every page under docs/."""
-    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
-
-
-def find_block(root: Path, kind: str) -> tuple[Path, int, int]:
-    """(page, first line, end line) of the one block marked `example: kind`: lines[first:end] are its code."""
-    found = []
-    for path in pages(root):
-        lines = path.read_text(encoding="utf-8").split("\n")
-        for i, line in enumerate(lines[:-1]):
-            if line.strip() == _MARKER.format(kind=kind) and (fence := _FENCE.match(lines[i + 1])):
-                end = next(j for j in range(i + 2, len(lines)) if lines[j].strip() == fence.group(2))
-                found.append((path, i + 2, end))
+def find_block(root: Path, kind: str) -> Block:
+    """The one block marked `example: kind` (ValueError when there is none or more than one)."""
+    found = marked(kind, root)
     if len(found) != 1:
         raise ValueError(f"expected one block marked example: {kind}; found {len(found)}")
     return found[0]
 
 
 def block_text(root: Path, kind: str) -> str:
-    """The code of the block marked `example: kind`."""
-    path, first, end = find_block(root, kind)
-    return "\n".join(path.read_text(encoding="utf-8").split("\n")[first:end])
+    """The code of the block marked `example: kind`, as the page has it."""
+    b = find_block(root, kind)
+    return "\n".join(b.path.read_text(encoding="utf-8").split("\n")[b.line:b.end])
 
 
 def rounded(value: Any) -> Any:
@@ -144,10 +131,10 @@ def write(checkpoint: str | Path, root: Path = ROOT) -> list[Path]:
     for kind, (_, text) in check(checkpoint, root).items():
         if block_text(root, kind) == text:
             continue
-        path, first, end = find_block(root, kind)
-        lines = path.read_text(encoding="utf-8").split("\n")
-        path.write_text("\n".join([*lines[:first], text, *lines[end:]]), encoding="utf-8")
-        written.append(path)
+        b = find_block(root, kind)
+        lines = b.path.read_text(encoding="utf-8").split("\n")
+        b.path.write_text("\n".join([*lines[:b.line], text, *lines[b.end:]]), encoding="utf-8")
+        written.append(b.path)
     return written
 
 

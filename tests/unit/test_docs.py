@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
-from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from stack.doc_blocks import ROOT, blocks, marked, pages
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"  # in examples: the tests put their own Redis's URL there
 KINDS = {  # example kind -> the test that runs or checks its blocks (each calls examples(KIND))
     "pytest": "tests/integration/test_docs.py",
@@ -34,49 +32,12 @@ KINDS = {  # example kind -> the test that runs or checks its blocks (each calls
     "row-result": "tests/unit/test_docs.py",
     "cells-file": "tests/unit/test_docs.py",
 }
-MARKER_RE = re.compile(r"<!-- (example|not-run): (.*?) -->")
-FENCE_RE = re.compile(r"^( *)(```|~~~)\s*([\w-]*)\s*$")
 README_MAX_LINES = 250
-
-
-@dataclass(frozen=True)
-class Block:
-    """One fenced block of a page: its marker (`example` / `not-run` and the kind or reason, or
-    None), the code (dedented) and where it is."""
-
-    path: Path
-    line: int
-    marker: tuple[str, str] | None
-    code: str
-
-
-def pages() -> list[Path]:
-    """README.md, then every page under docs/."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-
-
-def blocks(path: Path) -> list[Block]:
-    """The fenced blocks of a markdown file, each with the marker on the line before it."""
-    lines = path.read_text(encoding="utf-8").split("\n")
-    found, i = [], 0
-    while i < len(lines):
-        opened = FENCE_RE.match(lines[i])
-        if not opened:
-            i += 1
-            continue
-        indent, fence = opened.group(1), opened.group(2)
-        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), None)
-        assert end is not None, f"{path.relative_to(ROOT)}:{i + 1}: a fenced block that never closes"
-        marked = MARKER_RE.fullmatch(lines[i - 1].strip()) if i else None
-        code = textwrap.dedent("\n".join(lines[i + 1 : end]) + "\n") if indent else "\n".join(lines[i + 1 : end]) + "\n"
-        found.append(Block(path, i + 1, (marked.group(1), marked.group(2)) if marked else None, code))
-        i = end + 1
-    return found
 
 
 def examples(kind: str) -> list[str]:
     """The example blocks of one kind in README.md and docs/, in order."""
-    found = [b.code for path in pages() for b in blocks(path) if b.marker == ("example", kind)]
+    found = [b.code for b in marked(kind, ROOT)]
     assert found, f"README.md and docs/ have no example of kind {kind!r}"
     return found
 

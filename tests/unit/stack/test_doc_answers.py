@@ -42,7 +42,8 @@ def test_write_rewrites_a_stale_answer_with_the_models(demo_dir, tmp_path):
     for page in ("README.md", "docs/concepts/systemone.md", "docs/concepts/rows.md", "docs/concepts/answers.md"):
         (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / page, tmp_path / page)
-    path, first, end = doc_answers.find_block(tmp_path, "row-result")
+    block = doc_answers.find_block(tmp_path, "row-result")
+    path, first, end = block.path, block.line, block.end
     lines = path.read_text().split("\n")
     stale = json.loads("\n".join(lines[first:end]))
     stale["answers"][0]["decision"] = "none of these"
