@@ -88,12 +88,13 @@ caller plainly used the wrong route or form, what to do instead: it ends the mes
       queued; the hint and the Location header say where to read it; wait_s=0 gets 202)
 ====  ==========================================================================================
 
-Layout: this module assembles the app (`create_app`: settings and clients in one RouteState on
-``app.state.vela2``, exception handlers, the routers, the OpenAPI document) and runs it (`serve`,
-`main`); one module per route family in producer.http.routes, the response models in
-producer.http.models, the error envelope in producer.http.responses, the exception handlers and
-hints in producer.http.errors, the dependencies in producer.http.deps, the arguments and uvicorn's
-protocol in producer.http.server.
+Layout: this module assembles the app (`create_app`, or `build_app` of one Settings: settings and
+clients in one RouteState on ``app.state.vela2``, exception handlers, the routers, the OpenAPI
+document) and runs it (`serve`, `run`, `main`); every setting is declared once, in
+producer.http.settings.Settings; one module per route family in producer.http.routes, the response
+models in producer.http.models, the error envelope in producer.http.responses, the exception
+handlers and hints in producer.http.errors, the dependencies in producer.http.deps, the arguments
+and uvicorn's protocol in producer.http.server.
 
 Over Redis cells (``--cells FILE``, vela2.wire.cells; ``cells=`` of create_app): each request is
 queued and read in its id's cell, each bulk job lives in its job id's cell; /healthz and /readyz read
@@ -112,7 +113,7 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -122,85 +123,38 @@ from fastapi.openapi.utils import get_openapi
 from producer.arguments import cells_from_args
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
-from producer.files import DEFAULT_FILE_EXPIRES_S
 from producer.http.errors import add_exception_handlers, unify_error_schemas
 from producer.http.routes import batches, files, health, requests, results
-from producer.http.server import (
-    DEFAULT_HEADERS_TIMEOUT_S,
-    DEFAULT_PORT,
-    LOOPBACK_HOSTS,
-    build_parser,
-    headers_timeout_protocol,
-)
-from producer.http.state import (
-    DEFAULT_BODY_TIMEOUT_S,
-    DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_WAIT_S,
-    DEFAULT_REDIS_CONNECTIONS,
-    DEFAULT_REDIS_WAIT_S,
-    DEFAULT_TIMEOUT_S,
-    DEFAULT_UPLOAD_PROCESSES,
-    DEFAULT_UPLOAD_TIMEOUT_S,
-    DEFAULT_UPLOADS_PER_TENANT,
-    RouteState,
-    Settings,
-)
-from producer.quotas import Quotas, load_quotas_file
+from producer.http.server import LOOPBACK_HOSTS, build_parser, headers_timeout_protocol, settings_from_args
+from producer.http.settings import Settings
+from producer.http.state import RouteState
+from producer.quotas import load_quotas_file
 from producer.webhooks import WebhookPolicy
 from vela2 import __version__
 from vela2.api.systemone import request_schema
 from vela2.errors import ConfigError, InvalidRequest
 from vela2.wire import tracing
-from vela2.wire.cells import CellMap
 from vela2.wire.urls import BROKER_SCHEMES, RESULT_STORE_SCHEMES, check_url, url_from_args
 
-__all__ = ["build_parser", "create_app", "main", "serve"]
+__all__ = ["Settings", "build_app", "build_parser", "create_app", "main", "run", "serve"]
 
 log = logging.getLogger(__name__)
 
 
-def create_app(
-    redis_url: str = DEFAULT_REDIS_URL,
-    model: str = DEFAULT_MODEL,
-    *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    max_wait_s: float = DEFAULT_MAX_WAIT_S,
-    keys: KeyRing | None,
-    redis_connections: int = DEFAULT_REDIS_CONNECTIONS,
-    redis_wait_s: float = DEFAULT_REDIS_WAIT_S,
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
-    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-    broker_url: str | None = None,
-    wait_replicas: int = 0,
-    upload_processes: int = DEFAULT_UPLOAD_PROCESSES,
-    uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT,
-    upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S,
-    tenant_quotas: Mapping[str, Quotas] | None = None,
-    cells: CellMap | None = None,
-    file_expires_s: int = DEFAULT_FILE_EXPIRES_S,
-    webhooks: WebhookPolicy | None = None,
-) -> FastAPI:
-    """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring), queueing
-    on `broker_url` when the workers' broker is another Redis (as many connections again there).
-    `max_batch_bytes`: the largest body of POST /v1/batches (it is held in memory while submitted).
+def create_app(redis_url: str = DEFAULT_REDIS_URL, model: str = DEFAULT_MODEL, *, keys: KeyRing | None,
+               **options: Any) -> FastAPI:
+    """The ASGI app serving `model` from the Redis at `redis_url` (see the module docstring).
     `keys`: the API keys callers must present (producer.auth); None serves without authentication
-    (say so explicitly: `serve` allows it on loopback only). At most `redis_connections` Redis
-    connections; a request waits up to `redis_wait_s` for one, then gets 429 with Retry-After. A
-    body not received within `body_timeout_s` gets 408. `wait_replicas`: a submission is accepted only
-    once this many replicas of the broker's Redis hold it (Client's `wait_replicas`; fewer: 503).
-    Batch uploads are parsed and queued on `upload_processes` threads of their own, at most
-    `uploads_per_tenant` at once per tenant (more: 429 too_many_uploads), each registered within
-    `upload_timeout_s` (else 408 upload_timeout, the job failed). `tenant_quotas`: tenant -> quotas
-    for callers whose key names none ("": keyless callers; producer.quotas.load_quotas_file).
-    `cells`: serve over these Redis cells (vela2.wire.cells) instead of `redis_url` / `broker_url`.
-    `file_expires_s`: how long a file uploaded to POST /v1/files lives (producer.files). `webhooks`:
-    where jobs' completion webhooks may go and how they are signed (producer.webhooks; None: off)."""
-    settings = Settings(redis_url=redis_url, model=model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
-                        redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
-                        max_batch_bytes=max_batch_bytes, broker_url=broker_url, wait_replicas=wait_replicas,
-                        upload_processes=upload_processes, uploads_per_tenant=uploads_per_tenant,
-                        upload_timeout_s=upload_timeout_s, tenant_quotas=dict(tenant_quotas or {}), cells=cells,
-                        file_expires_s=file_expires_s, webhooks=webhooks or WebhookPolicy())
+    (say so explicitly: `serve` allows it on loopback only). `options`: any other field of
+    producer.http.settings.Settings by name (timeout_s=, broker_url=, cells=, tenant_quotas=, webhooks=,
+    ...: each one's declaration says what it does, and its default); one it does not have is a
+    TypeError, a value its check refuses a ConfigError."""
+    return build_app(Settings(redis_url=redis_url, model=model, keys=keys, **options))
+
+
+def build_app(settings: Settings) -> FastAPI:
+    """The ASGI app of `settings` (create_app's, given as one Settings)."""
+    model = settings.model
     state = RouteState(settings)
     # FastAPI's /docs and /redoc pages load their scripts from a CDN: not served (the OpenAPI
     # document at /openapi.json opens in any viewer, offline too)
@@ -259,89 +213,47 @@ def openapi_document(app: FastAPI, model: str) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def serve(
-    redis_url: str = DEFAULT_REDIS_URL,
-    host: str = "127.0.0.1",
-    port: int = DEFAULT_PORT,
-    model: str = DEFAULT_MODEL,
-    *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    max_wait_s: float = DEFAULT_MAX_WAIT_S,
-    log_level: str = "info",
-    keys: KeyRing | None,
-    redis_connections: int = DEFAULT_REDIS_CONNECTIONS,
-    redis_wait_s: float = DEFAULT_REDIS_WAIT_S,
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
-    headers_timeout_s: float = DEFAULT_HEADERS_TIMEOUT_S,
-    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-    broker_url: str | None = None,
-    wait_replicas: int = 0,
-    upload_processes: int = DEFAULT_UPLOAD_PROCESSES,
-    uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT,
-    upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S,
-    tenant_quotas: Mapping[str, Quotas] | None = None,
-    cells: CellMap | None = None,
-    file_expires_s: int = DEFAULT_FILE_EXPIRES_S,
-    webhooks: WebhookPolicy | None = None,
-) -> None:
+def serve(redis_url: str = DEFAULT_REDIS_URL, *, keys: KeyRing | None, **options: Any) -> None:
     """Run the app with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
-    `keys` None (no authentication) is refused unless `host` is a loopback address; a URL of the
+    `keys` and `options` as create_app's (host=, port=, log_level=, headers_timeout_s= among them:
+    producer.http.settings.Settings); see `run`."""
+    run(Settings(redis_url=redis_url, keys=keys, **options))
+
+
+def run(settings: Settings) -> None:
+    """Serve `settings` with uvicorn until SIGINT / SIGTERM (graceful: in-flight requests finish).
+    No keys (no authentication) is refused unless the host is a loopback address; a URL of the
     wrong scheme raises ConfigError naming it (password masked)."""
     import uvicorn
 
-    if cells is None:  # a cells file's URLs are checked as it loads
-        check_url(redis_url, "result store", RESULT_STORE_SCHEMES)
-        if broker_url:
-            check_url(broker_url, "broker", BROKER_SCHEMES)
-    if keys is None:
-        if host not in LOOPBACK_HOSTS:
-            raise ConfigError(f"--no-auth serves only on loopback ({', '.join(LOOPBACK_HOSTS)}); got --host {host}")
+    s = settings
+    if s.cells is None:  # a cells file's URLs are checked as it loads
+        check_url(s.redis_url, "result store", RESULT_STORE_SCHEMES)
+        if s.broker_url:
+            check_url(s.broker_url, "broker", BROKER_SCHEMES)
+    if s.keys is None:
+        if s.host not in LOOPBACK_HOSTS:
+            raise ConfigError(f"--no-auth serves only on loopback ({', '.join(LOOPBACK_HOSTS)}); got --host {s.host}")
         log.warning("authentication is OFF (--no-auth): every caller on this host may ask and read every answer")
-    elif not len(keys):
+    elif not len(s.keys):
         raise ConfigError(f"no API keys: give --api-keys-file F (or ${ENV_API_KEYS_FILE} / ${ENV_API_KEYS}), "
                           "or --no-auth on loopback")
-    app = create_app(redis_url, model, timeout_s=timeout_s, max_wait_s=max_wait_s, keys=keys,
-                     redis_connections=redis_connections, redis_wait_s=redis_wait_s, body_timeout_s=body_timeout_s,
-                     max_batch_bytes=max_batch_bytes, broker_url=broker_url, wait_replicas=wait_replicas,
-                     upload_processes=upload_processes, uploads_per_tenant=uploads_per_tenant,
-                     upload_timeout_s=upload_timeout_s, tenant_quotas=tenant_quotas, cells=cells,
-                     file_expires_s=file_expires_s, webhooks=webhooks)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, http=headers_timeout_protocol(headers_timeout_s))
+    uvicorn.run(build_app(s), host=s.host, port=s.port, log_level=s.log_level,
+                http=headers_timeout_protocol(s.headers_timeout_s))
 
 
 def main(argv: list[str] | None = None) -> int:
     """the HTTP route for SystemOne requests (serves until stopped)"""
     args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
     try:
-        redis_url = url_from_args(args.redis, args.redis_url_file, sys.argv[1:] if argv is None else argv, log)
+        redis_url = url_from_args(args.redis, args.redis_url_file, given, log)
         if args.no_auth and (args.api_keys_file or os.environ.get(ENV_API_KEYS_FILE) or os.environ.get(ENV_API_KEYS)):
             raise ConfigError("--no-auth and API keys both given: choose one")
         keys = None if args.no_auth else KeyRing.load(args.api_keys_file)
-        cells = cells_from_args(args, sys.argv[1:] if argv is None else argv)
-        serve(
-            redis_url,
-            args.host,
-            args.port,
-            args.model,
-            timeout_s=args.timeout_s,
-            max_wait_s=args.max_wait_s,
-            log_level=args.log_level,
-            keys=keys,
-            redis_connections=args.redis_connections,
-            redis_wait_s=args.redis_wait_s,
-            body_timeout_s=args.body_timeout_s,
-            headers_timeout_s=args.headers_timeout_s,
-            max_batch_bytes=args.max_batch_bytes,
-            upload_processes=args.upload_processes,
-            uploads_per_tenant=args.uploads_per_tenant,
-            upload_timeout_s=args.upload_timeout_s,
-            tenant_quotas=load_quotas_file(args.quotas_file),
-            broker_url=args.broker,
-            wait_replicas=args.wait_replicas,
-            cells=cells,
-            file_expires_s=args.file_expires_s,
-            webhooks=webhook_policy(args, keys),
-        )
+        cells = cells_from_args(args, given)
+        run(settings_from_args(args, redis_url=redis_url, cells=cells, keys=keys,
+                               tenant_quotas=load_quotas_file(args.quotas_file), webhooks=webhook_policy(args, keys)))
     except (ConfigError, InvalidRequest) as e:
         print(f"vela2 http: {e}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
-"""What the routes of one app share: its settings (`Settings`, what create_app was given) and its
-Redis clients (`RouteState`, held on ``app.state.vela2``): one AsyncClient over a bounded pool for
-the SystemOne routes, one per tenant seen over the same pool, and a bounded synchronous pool for
-the bulk-job routes (producer.jobs is synchronous: those routes run it in worker threads).
+"""What the routes of one app share: its settings (producer.http.settings.Settings) and its Redis
+clients (`RouteState`, held on ``app.state.vela2``): one AsyncClient over a bounded pool for the
+SystemOne routes, one per tenant seen over the same pool, and a bounded synchronous pool for the
+bulk-job routes (producer.jobs is synchronous: those routes run it in worker threads).
 
 Over cells (``--cells FILE``, vela2.wire.cells) each cell has those pools of its own, and the clients
 are producer.cells' AsyncCellsClient / CellsClient over them: a request goes to its id's cell, a job
@@ -12,70 +12,26 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis as redis_lib
 import redis.asyncio as aioredis
 
 from producer.aio import AsyncClient, BoundedPool, SyncBoundedPool
-from producer.auth import KeyRing
-from producer.brokers import AmqpPublisher, check_wait_replicas
+from producer.brokers import AmqpPublisher
 from producer.cells import DOWN, AsyncCellsClient, CellsClient
 from producer.client import Client
-from producer.files import DEFAULT_FILE_EXPIRES_S, Files
+from producer.files import Files
+from producer.http.settings import Settings
 from producer.quotas import Quotas, Usage, take_rate
-from producer.webhooks import Deliverer, WebhookPolicy
+from producer.webhooks import Deliverer
 from vela2.errors import CellUnavailable
-from vela2.wire.cells import CellMap
 from vela2.wire.connections import redis_pool
 from vela2.wire.keys import TENANT_SHARES_KEY, is_amqp_url
 
-DEFAULT_TIMEOUT_S = 10.0  # how long POST waits for the answer by default
-DEFAULT_MAX_WAIT_S = 60.0  # the largest wait_s a caller may ask for
-DEFAULT_REDIS_CONNECTIONS = 64  # Redis connections of one route process (requests share them)
-DEFAULT_REDIS_WAIT_S = 5.0  # longest a request waits for a free one, then 429
-DEFAULT_BODY_TIMEOUT_S = 30.0  # longest a request body may take to arrive, then 408
-DEFAULT_MAX_BATCH_BYTES = 64 << 20  # the largest JSONL body of POST /v1/batches
-DEFAULT_UPLOAD_PROCESSES = 2  # processes that parse and queue batch uploads (online requests never wait for them)
-DEFAULT_UPLOAD_TIMEOUT_S = 300.0  # longest one upload may take to register its lines (then 408; the job fails)
-DEFAULT_UPLOADS_PER_TENANT = 2  # batch uploads one tenant may have in progress at once (more: 429)
-
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What one app was made with (producer.http.app.create_app's arguments)."""
-
-    redis_url: str
-    model: str
-    timeout_s: float
-    max_wait_s: float
-    keys: KeyRing | None  # None: no authentication
-    redis_connections: int
-    redis_wait_s: float
-    body_timeout_s: float
-    max_batch_bytes: int
-    broker_url: str | None
-    wait_replicas: int
-    upload_processes: int = DEFAULT_UPLOAD_PROCESSES
-    uploads_per_tenant: int = DEFAULT_UPLOADS_PER_TENANT
-    upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S
-    tenant_quotas: Mapping[str, Quotas] = field(default_factory=dict)  # --quotas-file: "" = keyless callers
-    cells: CellMap | None = None  # --cells: the Redis cells served (redis_url / broker_url then unused)
-    file_expires_s: int = DEFAULT_FILE_EXPIRES_S  # --file-expires-s: how long an uploaded file lives
-    webhooks: WebhookPolicy = field(default_factory=WebhookPolicy)  # --webhook-allow / --webhook-secret
-
-    def __post_init__(self) -> None:
-        for url in ([c.broker_url for c in self.cells.cells] if self.cells is not None else [self.broker_url]):
-            check_wait_replicas(self.wait_replicas, url)  # WAIT needs a Redis broker (each cell's)
-
-    def quotas(self, tenant: str | None, key_quotas: Quotas | None) -> Quotas | None:
-        """A caller's quotas: its key's, else its tenant's in the quotas file (keyless: tenant "")."""
-        return key_quotas if key_quotas is not None else self.tenant_quotas.get(tenant or "")
 
 
 @dataclass

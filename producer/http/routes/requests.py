@@ -26,7 +26,7 @@ from producer.http.deps import Shared, Tenant
 from producer.http.errors import form_hint, jsonl_hint
 from producer.http.models import Pending
 from producer.http.responses import ANSWER_RESPONSES, declared, error, gone, pending, result_url, stored_answer
-from producer.http.state import Settings
+from producer.http.settings import Settings
 from producer.prepare import prepare_request
 from vela2.api.systemone import parse_request
 from vela2.config import LIMITS
