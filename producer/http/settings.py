@@ -16,14 +16,18 @@ from producer.auth import KeyRing
 from producer.brokers import check_wait_replicas
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
 from producer.files import DEFAULT_FILE_EXPIRES_S
+from producer.liveness import DEFAULT_GRACE_S, MIN_GRACE_S
 from producer.quotas import Quotas
 from producer.webhooks import WebhookPolicy
 from vela2.errors import ConfigError
 from vela2.wire.cells import CellMap
 from vela2.wire.urls import ENV_BROKER_URL
 
+# the no-worker grace: 0 turns it off; a shorter one would take a live worker between beats for none
+GRACE_CHECK = f"0 (never) or >= {MIN_GRACE_S:g}"
 # A plain setting's check: its text (as errors say it) and the test a value passes (NaN passes neither)
-CHECKS: dict[str, Callable[[Any], bool]] = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0}
+CHECKS: dict[str, Callable[[Any], bool]] = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0,
+                                            GRACE_CHECK: lambda v: v == 0 or v >= MIN_GRACE_S}
 
 
 def setting(default: Any, help: str | None, *, check: str | None = None, flag: str | None = None,
@@ -70,6 +74,9 @@ class Settings:
         check=">= 0", metavar="N")
     timeout_s: float = setting(10.0, "default wait for an answer", check=">= 0")  # of POST, unless it names wait_s
     max_wait_s: float = setting(60.0, "largest wait_s accepted", check=">= 0")
+    no_worker_grace_s: float = setting(
+        DEFAULT_GRACE_S, "a wait ends with 503 no_worker once no worker of the model has beaten for this long "
+        "(the request stays queued; 0: never)", check=GRACE_CHECK)
     log_level: str = setting("info", None)
     keys: KeyRing | None
     tenant_quotas: Mapping[str, Quotas] = field(default_factory=dict)

@@ -99,7 +99,8 @@ class RouteState:
         # last one, and the polls that find results stored before a wait subscribed would starve
         cell.subscriber = aioredis.Redis(connection_pool=redis_pool(cell.redis_url, aioredis.ConnectionPool))
         return AsyncClient(model=s.model, track_submitted=True, redis=redis_client, broker=broker,
-                           wait_replicas=s.wait_replicas, subscriber=cell.subscriber)
+                           wait_replicas=s.wait_replicas, subscriber=cell.subscriber,
+                           no_worker_grace_s=s.no_worker_grace_s or None)
 
     def open(self) -> None:
         """Make the asyncio clients: one per Redis (per cell), under one AsyncCellsClient over cells."""

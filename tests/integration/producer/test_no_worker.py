@@ -96,3 +96,18 @@ def test_the_route_answers_503_no_worker_for_a_wait_and_keeps_the_request_queued
                 time.sleep(0.05)
             assert answer.status_code == 200 and answer.json()["status"] == "ok", answer.text
     r.close()
+
+
+def test_the_routes_grace_is_its_no_worker_grace_s(redis_url, http_server):
+    r = redis.Redis.from_url(redis_url)
+    r.zadd(keys.workers_key(MODEL), {"crashed@test": time.time() - 300})  # beat 300 s ago
+    # a grace longer than that: the crashed worker still counts, the wait runs to its wait_s
+    patient = http_server(redis_url, "--no-worker-grace-s", "900")
+    off = http_server(redis_url, "--no-worker-grace-s", "0")  # never: the same
+    for base, rid in ((patient, "nw-patient"), (off, "nw-off")):
+        with httpx.Client(base_url=base, timeout=60) as http:
+            start = time.monotonic()
+            got = http.post("/v1/system_one", params={"wait_s": 1.5}, json=system_one(rid))
+            assert got.status_code == 202 and got.json()["status"] == "pending", got.text  # not 503 no_worker
+            assert time.monotonic() - start >= 1.5
+    r.close()

@@ -117,3 +117,13 @@ def test_create_app_takes_any_setting_by_name_and_refuses_others() -> None:
     assert (settings.timeout_s, settings.max_wait_s, settings.tenant_quotas) == (3.0, 60.0, {})
     with pytest.raises(TypeError, match="timeout"):
         http_app.create_app(keys=None, timeout=3.0)
+
+
+def test_the_no_worker_grace_is_off_or_at_least_three_beats(capsys: pytest.CaptureFixture[str]) -> None:
+    from producer.liveness import MIN_GRACE_S
+
+    assert build_parser().parse_args(["--no-worker-grace-s", "0"]).no_worker_grace_s == 0  # never
+    assert build_parser().parse_args(["--no-worker-grace-s", str(MIN_GRACE_S)]).no_worker_grace_s == MIN_GRACE_S
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--no-worker-grace-s", str(MIN_GRACE_S / 2)])
+    assert f"must be 0 (never) or >= {MIN_GRACE_S:g}; got {MIN_GRACE_S / 2:g}" in capsys.readouterr().err
