@@ -25,7 +25,7 @@ def test_a_long_work_list_answers_in_chunks(demo_dir, demo_model):
 
     rows = short_rows(100, "chunk-")
     pipe = _Pipe([("render", k, row) for k, row in enumerate(rows)])
-    _serve(pipe, str(demo_dir), demo_model.name, demo_model.digest, "fp32")
+    _serve(pipe, str(demo_dir), demo_model.name, demo_model.digest, "fp32", False)
     assert [len(m) for m in pipe.sent] == [REPLY_CHUNK] * (100 // REPLY_CHUNK) + [100 % REPLY_CHUNK]
     assert [key for m in pipe.sent for _, _, key, _, _ in m] == list(range(100))
     assert all(status == "ok" and op == "render" for m in pipe.sent for status, op, *_ in m)
