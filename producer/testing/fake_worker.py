@@ -59,8 +59,11 @@ Answers (`answer=`):
 Two ways to run it: on demand (`drain()` answers what is queued, in the caller's thread) or in a
 thread (`start()` / `stop()`, or ``with FakeWorker(...) as worker:``), which waits for messages as
 the real worker does, so a test can submit and wait in one call (`client.answer(rid, timeout_s=5)`),
-from asyncio or over HTTP too; `run_until_empty()` waits until the thread has answered every queued
-message. Nothing here imports torch (only ``answer="model"`` does, when asked).
+from asyncio or over HTTP too, and beats as a live worker does (every keys.HEARTBEAT_S between
+messages, its beat removed by `stop()`: the route's /readyz, `vela2 status` and the clients'
+NoWorker check count it; an on-demand FakeWorker is no running worker and beats none);
+`run_until_empty()` waits until the thread has answered every queued message. Nothing here imports
+torch (only ``answer="model"`` does, when asked).
 
 The stub's answers are producer.testing.stub's; answer functions and the model in this process
 producer.testing.answers'; this module holds the worker: taking queue items, answering and storing
@@ -71,6 +74,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import socket
 import threading
 import time
 import uuid
@@ -152,6 +157,21 @@ class _Answered:
     tenant: str | None = None  # the tenant its results' bytes are counted on (vela2.wire.usage)
 
 
+def _answer_fn(answer: str | AnswerFn, checkpoint: str | Path | None, device: str,
+               precision: str | None) -> tuple[str, AnswerFn]:
+    """(kind, answer function) of FakeWorker's `answer=`."""
+    if callable(answer):
+        return getattr(answer, "__name__", "callable"), answer
+    if answer == STUB:
+        return STUB, stub_answers
+    if answer == MODEL:
+        if checkpoint is None:
+            raise ValueError('answer="model" needs checkpoint=DIR (a checkpoint directory; '
+                             "`vela2 init-demo DIR` writes the demo one)")
+        return MODEL, model_answerer(checkpoint, device=device, precision=precision)
+    raise ValueError(f"answer must be {STUB!r}, {MODEL!r} or a callable; got {answer!r}")
+
+
 class FakeWorker:
     """Answers the messages on a model's queues like the real worker (module docstring).
 
@@ -181,7 +201,7 @@ class FakeWorker:
         self.redis = redis_client(redis) if isinstance(redis, str) else redis
         self._owns_redis = isinstance(redis, str)
         self.model = model
-        self.kind, self._answer = self._answer_fn(answer, checkpoint, device, precision)
+        self.kind, self._answer = _answer_fn(answer, checkpoint, device, precision)
         self.calibration = calibration or getattr(self._answer, "calibration", None) or Calibration()
         if self._answer is stub_answers:  # calibrates its logits as the worker would with this calibration
             self._answer = functools.partial(stub_answers, calibration=self.calibration)
@@ -199,6 +219,9 @@ class FakeWorker:
         # reply never came back) leaves the item there, and the thread answers it when Redis is back.
         self._tag = uuid.uuid4().hex
         self._taking = {q: f"{q}:fake-taking:{self._tag}" for q in self.queues}
+        # its beats' id in thread mode (no description: no digest for a real worker's start-up check)
+        self.worker_id = f"fake-{self._tag[:12]}@{socket.gethostname()}"
+        self._beat_at = -math.inf  # monotonic time of the thread's last beat
         self.delay_s = delay_s
         self.lock = threading.Lock()  # held while taking and while storing: queued + `held` is exact under it
         self.held = 0  # requests taken and not yet stored
@@ -212,20 +235,6 @@ class FakeWorker:
         self._thread: threading.Thread | None = None
         self.crashed: BaseException | None = None  # what ended the thread, if anything but stop()
         self._check_lua()
-
-    @staticmethod
-    def _answer_fn(answer: str | AnswerFn, checkpoint: str | Path | None, device: str,
-                   precision: str | None) -> tuple[str, AnswerFn]:
-        if callable(answer):
-            return getattr(answer, "__name__", "callable"), answer
-        if answer == STUB:
-            return STUB, stub_answers
-        if answer == MODEL:
-            if checkpoint is None:
-                raise ValueError('answer="model" needs checkpoint=DIR (a checkpoint directory; '
-                                 "`vela2 init-demo DIR` writes the demo one)")
-            return MODEL, model_answerer(checkpoint, device=device, precision=precision)
-        raise ValueError(f"answer must be {STUB!r}, {MODEL!r} or a callable; got {answer!r}")
 
     def _check_lua(self) -> None:
         """The result store runs Lua scripts: a fakeredis without Lua support fails here, by name."""
@@ -297,6 +306,10 @@ class FakeWorker:
             if self._thread.is_alive():
                 raise TimeoutError(f"the fake worker's thread did not stop within {timeout_s} s")
             self._thread = None
+            try:  # stopped cleanly: its beat goes, as a real worker's does
+                self.redis.zrem(keys.workers_key(self.model), self.worker_id)
+            except redis_lib.exceptions.ConnectionError:
+                pass  # Redis away: the beat goes stale on its own
         if self._owns_redis:
             self.redis.close()
 
@@ -350,9 +363,10 @@ class FakeWorker:
         taken: tuple[str, Any] | None = None
         recover = False  # after a Redis error: look on the taking lists for an item taken in the dark
         while not self._stop.is_set():
-            if not self._go.wait(_TAKE_WAIT_S):
-                continue
             try:
+                self._beat()  # paused too: a busy worker beats
+                if not self._go.wait(_TAKE_WAIT_S):
+                    continue
                 with self.lock:
                     if taken is None and recover:
                         taken = self._taken_before()
@@ -376,6 +390,12 @@ class FakeWorker:
             self._store(answered, retry=True)
             self._release(*taken)
             taken = None
+
+    def _beat(self) -> None:
+        """(thread) Beat into the model's heartbeats every keys.HEARTBEAT_S, as a live worker does."""
+        if time.monotonic() - self._beat_at >= keys.HEARTBEAT_S:
+            self.redis.zadd(keys.workers_key(self.model), {self.worker_id: time.time()})
+            self._beat_at = time.monotonic()
 
     def _take(self) -> tuple[str, Any] | None:
         """Move the first waiting item (queues in taking order, a queue's tenants' lists after its own)

@@ -44,7 +44,7 @@ def two_cells(redis_server_factory: Callable[..., RedisServer],
 
 
 def beat(server: RedisServer, worker_id: str) -> None:
-    """A heartbeat as a worker writes it (the fake worker beats none): what /readyz counts."""
+    """A heartbeat as a worker writes it: what /readyz counts."""
     server.client().zadd(workers_key(MODEL), {worker_id: time.time()})
 
 
@@ -57,7 +57,7 @@ def _wait_job(http: httpx.Client, job_id: str, deadline_s: float = 60) -> dict:
 
 
 def test_requests_and_jobs_live_in_their_cells_and_health_merges(two_cells, http_server):
-    servers, cell_map, path, _ = two_cells
+    servers, cell_map, path, workers = two_cells
     base = http_server(None, "--cells", str(path))
     with httpx.Client(base_url=base, timeout=30) as http:
         ids = [f"c-{i}" for i in range(40)]
@@ -85,13 +85,15 @@ def test_requests_and_jobs_live_in_their_cells_and_health_merges(two_cells, http
         health = http.get("/healthz").json()
         assert health["status"] == "ok" and set(health["cells"]) == {"a", "b"}
         assert all(c["redis"] == "ok" for c in health["cells"].values())
-        beat(servers[0], "w-a")
-        ready = http.get("/readyz")  # a live worker in one cell only
+        ready = http.get("/readyz")  # each cell's fake worker beats
+        assert ready.status_code == 200 and ready.json()["status"] == "ready"
+        assert {n: c["workers"] for n, c in ready.json()["cells"].items()} == {"a": 1, "b": 1}
+        workers[1].stop()  # its beat goes: a live worker in one cell only
+        ready = http.get("/readyz")
         assert ready.status_code == 200 and ready.json()["status"] == "degraded"
         beat(servers[1], "w-b")
         ready = http.get("/readyz")
         assert ready.status_code == 200 and ready.json()["status"] == "ready"
-        assert {n: c["workers"] for n, c in ready.json()["cells"].items()} == {"a": 1, "b": 1}
 
 
 def test_a_cell_that_is_down_stalls_only_its_own_ids(two_cells, http_server):
@@ -127,8 +129,7 @@ def test_a_cell_that_is_down_stalls_only_its_own_ids(two_cells, http_server):
         health = http.get("/healthz")
         assert health.status_code == 200 and health.json()["status"] == "degraded"
         assert health.json()["cells"]["a"]["redis"] == "ok" and health.json()["cells"]["b"]["redis"] != "ok"
-        beat(servers[0], "w-a")
-        ready = http.get("/readyz")
+        ready = http.get("/readyz")  # cell a's fake worker beats
         assert ready.status_code == 200 and ready.json()["status"] == "degraded"
         assert ready.json()["cells"]["a"]["workers"] == 1 and ready.json()["cells"]["b"]["redis"] != "ok"
 

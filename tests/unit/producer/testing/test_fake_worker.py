@@ -384,3 +384,27 @@ def test_stub_answers_have_the_fields_and_types_of_the_models(vela2_redis, untra
         for label, logits in units["logits"].items():
             assert units["probs"][label] == sigmoid(np.array(logits) / cal.T_span).tolist() == [0.0] * 6
     assert stub["s-1"]["tasks"]["pii"]["units"]["offsets"] == model["s-1"]["tasks"]["pii"]["units"]["offsets"]
+
+
+def test_a_started_fake_beats_as_a_live_worker_and_stop_takes_its_beat_away(vela2_redis):
+    import time
+
+    from producer.liveness import Liveness
+    from vela2.wire import fleet
+
+    vela2_redis = vela2_redis.client()
+    on_demand = FakeWorker(vela2_redis, model=MODEL)
+    on_demand.drain()
+    assert fleet.live_workers(vela2_redis, MODEL) == []  # drain() alone is no running worker
+    worker = FakeWorker(vela2_redis, model=MODEL).start()
+    try:
+        deadline = time.monotonic() + 10
+        while not fleet.live_workers(vela2_redis, MODEL):
+            assert time.monotonic() < deadline, "the started fake never beat"
+            time.sleep(0.01)
+        assert fleet.live_workers(vela2_redis, MODEL) == [{"worker": worker.worker_id}]
+        worker.pause()  # a paused (busy) worker still beats: its last beat stays on record
+        assert not Liveness(MODEL).absent(vela2_redis)
+    finally:
+        worker.stop()
+    assert fleet.live_workers(vela2_redis, MODEL) == []
