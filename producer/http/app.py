@@ -4,7 +4,7 @@
     app = create_app("redis://127.0.0.1:6379/0", model="vela2-demo", keys=keys)  # any ASGI server
     serve("redis://127.0.0.1:6379/0", host="127.0.0.1", port=8000, keys=keys)    # uvicorn
 
-Authentication: every route but ``/healthz``, ``/readyz`` and the OpenAPI document needs an API key
+Authentication: every route but ``/healthz``, ``/readyz``, ``/metrics`` and the OpenAPI document needs an API key
 (``Authorization: Bearer <key>``; keys and their tenants in producer.auth): 401 without a known
 key, 403 for a key not allowed this model. ``--no-auth`` serves without, on loopback only, and
 says so at start; with neither keys nor ``--no-auth`` the route refuses to start (exit 2).
@@ -37,6 +37,8 @@ Routes (OpenAPI at /openapi.json; no /docs page, whose scripts would come from a
   ``READY_STALE_S`` (workers beat every ``HEARTBEAT_S`` into ``vela2:workers:<model>`` while their
   engine makes progress; a stalled or stopped one drops out), else 503 (``no_worker`` or Redis
   ``unavailable``).
+- ``GET /metrics`` (``--metrics-path``; empty: not served): the route's Prometheus metrics
+  (producer.http.metrics: requests by route template, method and status, their durations, in flight).
 
 Status codes. The body is always JSON; every error, on every route (404 and 405 of unknown paths and
 methods, 422 of parameters and the /v1/files and /v1/batches routes included), is one envelope
@@ -113,17 +115,19 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 
 from producer.arguments import cells_from_args
 from producer.auth import ENV_API_KEYS, ENV_API_KEYS_FILE, KeyRing
 from producer.client import DEFAULT_MODEL, DEFAULT_REDIS_URL
 from producer.http.errors import add_exception_handlers, unify_error_schemas
+from producer.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from producer.http.metrics import MetricsMiddleware, RouteMetrics
 from producer.http.routes import batches, files, health, requests, results
 from producer.http.server import LOOPBACK_HOSTS, build_parser, headers_timeout_protocol, settings_from_args
 from producer.http.settings import Settings
@@ -164,6 +168,10 @@ def build_app(settings: Settings) -> FastAPI:
     if tracing.configure("vela2-http"):  # only when OTEL_* variables ask for traces (or the app set its own)
         app.middleware("http")(join_trace)
     add_exception_handlers(app)
+    if settings.metrics_path:  # added last: outermost, it counts every request as it is answered
+        metrics = RouteMetrics()
+        app.add_middleware(MetricsMiddleware, metrics=metrics)
+        app.add_api_route(settings.metrics_path, metrics_endpoint(metrics), methods=["GET"], include_in_schema=False)
     # In this order: the order of the OpenAPI document. POST /v1/system_one's query parameters are
     # bounded by this app's settings, so they come with the router (routes.requests).
     app.include_router(requests.router, dependencies=[Depends(requests.query_parameters(settings))])
@@ -186,6 +194,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await state.aclose()
+
+
+def metrics_endpoint(metrics: RouteMetrics) -> Callable[[], Awaitable[Response]]:
+    """GET /metrics of `metrics`: the route's Prometheus text (producer.http.metrics)."""
+
+    async def read_metrics() -> Response:
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    return read_metrics
 
 
 async def join_trace(request: Request, call_next: Any) -> Any:

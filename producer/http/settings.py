@@ -26,8 +26,10 @@ from vela2.wire.urls import ENV_BROKER_URL
 # the no-worker grace: 0 turns it off; a shorter one would take a live worker between beats for none
 GRACE_CHECK = f"0 (never) or >= {MIN_GRACE_S:g}"
 # A plain setting's check: its text (as errors say it) and the test a value passes (NaN passes neither)
+PATH_CHECK = "empty or a path starting with /"
 CHECKS: dict[str, Callable[[Any], bool]] = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0,
-                                            GRACE_CHECK: lambda v: v == 0 or v >= MIN_GRACE_S}
+                                            GRACE_CHECK: lambda v: v == 0 or v >= MIN_GRACE_S,
+                                            PATH_CHECK: lambda v: v == "" or v.startswith("/")}
 
 
 def setting(default: Any, help: str | None, *, check: str | None = None, flag: str | None = None,
@@ -78,6 +80,9 @@ class Settings:
         DEFAULT_GRACE_S, "a wait ends with 503 no_worker once no worker of the model has beaten for this long "
         "(the request stays queued; 0: never)", check=GRACE_CHECK)
     log_level: str = setting("info", None)
+    metrics_path: str = setting(
+        "/metrics", "where Prometheus reads the route's metrics (producer.http.metrics; no API key, as /healthz; "
+        "empty: not served)", check=PATH_CHECK)
     keys: KeyRing | None
     tenant_quotas: Mapping[str, Quotas] = field(default_factory=dict)
     redis_connections: int = setting(64, "Redis connections of this process (requests wait for a free one)",

@@ -22,7 +22,7 @@ from vela2.errors import ConfigError
 SPECS = flag_settings()
 # a value other than the default for each plain setting of type str (the numbers: derived below)
 STRINGS = {"broker_url": "redis://127.0.0.1:6390/1", "host": "localhost", "model": "vela2-other",
-           "log_level": "warning"}
+           "log_level": "warning", "metrics_path": "/internal/metrics"}
 
 
 @pytest.fixture(autouse=True)
