@@ -235,6 +235,7 @@ def test_prometheus_scrapes_the_worker_metrics_port(compose):
             scraped |= {(n, sd["port"]) for n in sd["names"]}
     assert ("worker", port) in scraped
     assert ("workers", port + 1) in scraped  # launcher: worker k on port + k
+    assert ("http", int(_flag(compose["services"]["http"]["command"], "--port"))) in scraped  # the route's /metrics
     assert {n for n, _ in scraped} <= set(compose["services"])
     volumes = compose["services"]["prometheus"]["volumes"]
     [config] = [v.split(":")[1] for v in volumes if v.startswith("./deploy/prometheus.yml:")]
