@@ -129,10 +129,10 @@ def write(checkpoint: str | Path, root: Path = ROOT) -> list[Path]:
     digest the checkpoint's); returns the pages rewritten."""
     written = []
     for kind, (_, text) in check(checkpoint, root).items():
-        if block_text(root, kind) == text:
-            continue
         b = find_block(root, kind)
         lines = b.path.read_text(encoding="utf-8").split("\n")
+        if "\n".join(lines[b.line:b.end]) == text:
+            continue
         b.path.write_text("\n".join([*lines[:b.line], text, *lines[b.end:]]), encoding="utf-8")
         written.append(b.path)
     return written

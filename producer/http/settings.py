@@ -25,8 +25,8 @@ from vela2.wire.urls import ENV_BROKER_URL
 
 # the no-worker grace: 0 turns it off; a shorter one would take a live worker between beats for none
 GRACE_CHECK = f"0 (never) or >= {MIN_GRACE_S:g}"
-# A plain setting's check: its text (as errors say it) and the test a value passes (NaN passes neither)
 PATH_CHECK = "empty or a path starting with /"
+# A plain setting's check: its text (as errors say it) and the test a value passes (NaN passes neither)
 CHECKS: dict[str, Callable[[Any], bool]] = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0,
                                             GRACE_CHECK: lambda v: v == 0 or v >= MIN_GRACE_S,
                                             PATH_CHECK: lambda v: v == "" or v.startswith("/")}
