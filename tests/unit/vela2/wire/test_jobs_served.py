@@ -21,3 +21,12 @@ def test_served_counts_reads_the_job_hash_fields():
     fields = {f"{SERVED_PREFIX}m a bf16".encode(): b"3", f"{SERVED_PREFIX}m a bf16 batch-invariant": "2",
               b"status": b"running"}
     assert served_counts(fields) == {"m a bf16": 3, "m a bf16 batch-invariant": 2}
+
+
+def test_an_answer_stored_before_the_mode_was_named_reads_as_the_default_mode():
+    from vela2.api.schemas import RowResult
+
+    old = {"id": "r", "task": "choice:x", "status": "ok", "answers": [],
+           "served_by": {"name": "vela2-demo", "digest": DIGEST, "precision": "fp32"}}
+    assert RowResult.model_validate(old).served_by.batch_invariant is False
+    assert served_label(old["served_by"]) == "vela2-demo e5d25348c955 fp32"
